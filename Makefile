@@ -1,0 +1,162 @@
+# mini-vLLM Lab - build everything with `make`, run the lab with `make run`,
+# test with `make test`. See README.md.
+#
+# Layout: common/ (shared host code), reference/ (CPU reference, C11),
+# kernels/ (CUDA kernels), chapters/NN-name/ (main.c = the chapter's
+# executable; other .c files there are library code later chapters reuse),
+# tests/ (Criterion tests, one binary per tests/test_*.c).
+#
+# Variables:
+#   CUDA_ARCH="80 86 89 90"  GPU architectures to build for (sm_XX)
+#   NO_CUDA=1                build the CPU half only, even when nvcc exists
+#   SANITIZE=1               AddressSanitizer + UBSan build in build-san/ (CPU half)
+#   DEPS_PREFIX=/opt/deps    where Debian packages were unpacked with dpkg -x
+#                            (the GPU machine, which has no package registry)
+
+BUILD      ?= build
+CUDA_HOME  ?= /usr/local/cuda
+CUDA_ARCH  ?= 80 86 89 90
+SANITIZE   ?= 0
+NO_CUDA    ?= 0
+DEPS_PREFIX ?=
+
+NVCC := $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
+
+ifeq ($(SANITIZE),1)
+  # ASan reserves the low address space the CUDA driver also wants, so the
+  # sanitized build is the CPU half; the GPU half has compute-sanitizer.
+  BUILD := build-san
+  NO_CUDA := 1
+endif
+ifeq ($(NO_CUDA),1)
+  NVCC :=
+endif
+
+CC      ?= gcc
+CSTD    := -std=c11 -D_GNU_SOURCE
+WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror
+OPT     := -O2 -g
+CPPFLAGS := -I. -MMD -MP
+LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lxxhash -lpthread -lm
+
+ifneq ($(DEPS_PREFIX),)
+  CPPFLAGS += -I$(DEPS_PREFIX)/usr/include
+  LDFLAGS  += -L$(DEPS_PREFIX)/usr/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/usr/lib/x86_64-linux-gnu
+endif
+
+ifeq ($(SANITIZE),1)
+  OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LDFLAGS += -fsanitize=address,undefined
+endif
+
+ifneq ($(NVCC),)
+  HAVE_CUDA := 1
+  CPPFLAGS += -DMV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a))
+  NVFLAGS  := -O3 -std=c++17 -lineinfo $(GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
+              -Werror all-warnings
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+  LINK := $(CXX)
+else
+  HAVE_CUDA := 0
+  CPPFLAGS += -DMV_HAVE_CUDA=0
+  CUDA_LIBS :=
+  LINK := $(CC)
+endif
+CFLAGS := $(CSTD) $(OPT) $(WARN)
+
+# ---- sources ------------------------------------------------------------------
+HOST_SRC := $(wildcard common/*.c reference/*.c) \
+            $(filter-out %/main.c,$(wildcard chapters/*/*.c))
+CU_SRC   := $(if $(NVCC),$(wildcard common/*.cu kernels/*.cu))
+CHAPTERS := $(sort $(notdir $(patsubst %/main.c,%,$(wildcard chapters/*/main.c))))
+# Chapter 09's executable is the engine itself.
+CHAPTER_BINS := $(foreach c,$(CHAPTERS),$(if $(filter 09-engine,$(c)),$(BUILD)/minivllm,$(BUILD)/$(c)))
+LAB_CHAPTERS := $(filter-out 09-engine,$(CHAPTERS))
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+HOST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(HOST_SRC))
+CU_OBJ   := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC))
+LIB_HOST := $(BUILD)/libmv_host.a
+LIB_CUDA := $(if $(CU_SRC),$(BUILD)/libmv_cuda.a)
+LIBS     := $(LIB_HOST) $(LIB_CUDA)
+
+.PHONY: all run check test test-unit test-chapters deps deps-test results clean help
+.DEFAULT_GOAL := all
+
+all: $(CHAPTER_BINS)
+	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH))),no))"
+
+comma := ,
+space := $(empty) $(empty)
+
+help:
+	@sed -n '1,16p' Makefile
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+
+$(LIB_HOST): $(HOST_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libmv_cuda.a: $(CU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+# Chapter executables: chapters/NN-name/main.c -> build/NN-name.
+# The libraries are listed twice because host code calls kernels and kernels
+# call host helpers (error messages, shape checks).
+$(BUILD)/0%: $(BUILD)/obj/chapters/0%/main.o $(LIBS)
+	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/minivllm: $(BUILD)/obj/chapters/09-engine/main.o $(LIBS)
+	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
+	@mkdir -p $(dir $@)
+	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -lcriterion -o $@
+
+$(BUILD)/obj/tests/%.o: CPPFLAGS += -DMV_BUILD_DIR='"$(BUILD)"'
+
+# ---- the two commands of the README -------------------------------------------
+deps:
+	@bash common/deps.sh $(if $(DEPS_PREFIX),--prefix $(DEPS_PREFIX))
+
+deps-test:
+	@bash common/deps.sh --test $(if $(DEPS_PREFIX),--prefix $(DEPS_PREFIX))
+
+# Every chapter in order, one summary line each.
+run: deps
+	@$(MAKE) --no-print-directory all
+	@echo "== mini-vLLM Lab: every chapter, in order"
+	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --summary || status=1; done; exit $$status
+
+# Every chapter executable, full output; fails if any fails.
+check: all
+	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c || { echo "FAILED: $$c"; status=1; }; done; exit $$status
+
+test: deps-test
+	@$(MAKE) --no-print-directory test-unit test-chapters
+
+test-unit: $(TEST_BINS)
+	@status=0; for t in $(TEST_BINS); do echo "== $$t"; ./$$t --jobs=2 || status=1; done; exit $$status
+
+test-chapters: $(CHAPTER_BINS)
+	@echo "== chapters in CPU mode"
+	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --cpu --summary || status=1; done; exit $$status
+
+# docs/results/*.md from the chapters' --json files (docs/results/json/).
+results:
+	python3 docs/results/generate.py
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

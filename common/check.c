@@ -1,0 +1,66 @@
+/* common/check.c - implementation of the error checks declared in check.h. */
+#include "common/check.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char last_error[1024];
+
+int mv_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+const char *mv_last_error(void) { return last_error; }
+
+void mv_die_at(const char *file, int line, const char *call, const char *what) {
+    fflush(stdout);
+    fprintf(stderr, "error: %s failed at %s:%d: %s\n", call, file, line,
+            what && *what ? what : "(no message)");
+    exit(1);
+}
+
+void io_check_at(int ok, const char *call, const char *path, const char *file, int line) {
+    if (ok) return;
+    char what[1200];
+    snprintf(what, sizeof what, "%s: %s (errno %s)", path ? path : "?", strerror(errno),
+             errno == ENOENT ? "ENOENT" : errno == EACCES ? "EACCES" : errno == ENOSPC ? "ENOSPC" : "other");
+    mv_die_at(file, line, call, what);
+}
+
+#if MV_HAVE_CUDA
+void cuda_check_at(cudaError_t err, const char *call, const char *file, int line) {
+    if (err == cudaSuccess) return;
+    char what[512];
+    snprintf(what, sizeof what, "%s (%s)", cudaGetErrorName(err), cudaGetErrorString(err));
+    mv_die_at(file, line, call, what);
+}
+
+int cuda_try_at(cudaError_t err, const char *call, const char *file, int line) {
+    if (err == cudaSuccess) return 0;
+    return mv_error("%s failed at %s:%d: %s (%s)", call, file, line, cudaGetErrorName(err),
+                    cudaGetErrorString(err));
+}
+
+void cublas_check_at(cublasStatus_t st, const char *call, const char *file, int line) {
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    char what[256];
+    snprintf(what, sizeof what, "%s (%s)", cublasGetStatusName(st), cublasGetStatusString(st));
+    mv_die_at(file, line, call, what);
+}
+#endif
+
+#if MV_HAVE_NCCL
+void nccl_check_at(ncclResult_t r, const char *call, const char *file, int line) {
+    if (r == ncclSuccess) return;
+    char what[512];
+    snprintf(what, sizeof what, "ncclResult %d (%s)", (int)r, ncclGetErrorString(r));
+    mv_die_at(file, line, call, what);
+}
+#endif

@@ -1,0 +1,84 @@
+/*
+ * common/harness.h - what every chapter executable does around its own cases.
+ *
+ *   harness_begin()  parse the common arguments, find the GPU (or say why the
+ *                    GPU half is skipped), measure the ceilings;
+ *   harness_check()  record one comparison (CPU self-check or GPU kernel);
+ *   harness_timing() record one timed kernel, as GB/s and/or TFLOP/s and as a
+ *                    percentage of the measured ceilings;
+ *   harness_end()    print the table, write --json, return the exit code.
+ *
+ * Common arguments of every chapter executable:
+ *   --json FILE      write all results (cases, errors, tolerances, times,
+ *                    rates, GPU name, command) to FILE
+ *   --seed N         seed of the random inputs (default 42)
+ *   --cpu            skip the GPU half even when a GPU is present
+ *   --quick          fewer and smaller timing runs
+ *   --summary        print one summary line instead of the full table
+ *   --require-speed  also fail (exit 1) when a kernel misses its speed target
+ *   --device N       CUDA device index (default 0)
+ *   --help
+ * A wrong argument is an error naming it, with exit status 2.
+ */
+#ifndef MV_HARNESS_H
+#define MV_HARNESS_H
+
+#include <stdint.h>
+
+#include "common/compare.h"
+#include "common/gpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cJSON cJSON;
+
+typedef struct {
+    const char *chapter;   // "01-activation"
+    const char *title;     // one line: what the chapter checks
+    // options
+    const char *json_path;
+    uint64_t seed;
+    int cpu_only, quick, summary, require_speed, device;
+    char command[1024];    // the command line, for the record
+    // environment
+    gpu_info_t gpu;
+    int use_gpu;           // 1 when the GPU half runs
+#if MV_HAVE_CUDA
+    ceilings_t ceil;
+#endif
+    // results
+    cJSON *json, *checks, *timings;
+    int n_checks, n_failed, n_timings, n_slow;
+    double best_pct;       // best % of copy bandwidth among targeted timings
+    char best_line[256];   // the timing behind best_pct, for the summary
+} harness_t;
+
+// Parses arguments (exits 0 after --help, 2 on a bad argument); may take a
+// few hundred ms to measure the ceilings when a GPU is used.
+void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv);
+
+// A heading for the next group of lines (not printed with --summary).
+void harness_section(harness_t *h, const char *title);
+
+// Record and print one comparison. `side` is "cpu" (the reference against an
+// independent check) or "gpu". Returns r.pass.
+int harness_check(harness_t *h, const char *side, const char *case_name, const char *version,
+                  const char *shape, compare_result_t r, tolerance_t tol);
+
+// Record one timing. bytes / flops: what one run must move / compute (0 if
+// not meaningful). target_pct_copy: the speed target as % of the measured
+// copy bandwidth (0: no target for this case).
+void harness_timing(harness_t *h, const char *case_name, const char *version, const char *shape,
+                    double ms, double bytes, double flops, double target_pct_copy);
+
+// Print the timing table (or the summary line), write --json, free
+// everything. Returns the process exit code: 1 on any failed check (or
+// missed target with --require-speed), else 0.
+int harness_end(harness_t *h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
