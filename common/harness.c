@@ -184,6 +184,23 @@ int harness_check(harness_t *h, const char *side, const char *case_name, const c
     return r.pass;
 }
 
+int harness_check_bool(harness_t *h, const char *side, const char *case_name, const char *what,
+                       int pass, const char *detail) {
+    h->n_checks++;
+    if (!pass) h->n_failed++;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "side", side);
+    cJSON_AddStringToObject(c, "case", case_name);
+    cJSON_AddStringToObject(c, "version", what);
+    cJSON_AddBoolToObject(c, "pass", pass);
+    cJSON_AddStringToObject(c, "detail", detail ? detail : "");
+    cJSON_AddItemToArray(h->checks, c);
+    if (!h->summary || !pass)
+        printf("  %s %-3s %-14s %-26s %s\n", pass ? "PASS" : "FAIL", side, case_name, what,
+               detail ? detail : "");
+    return pass;
+}
+
 void harness_timing(harness_t *h, const char *case_name, const char *version, const char *shape,
                     double ms, double bytes, double flops, double target_pct_copy) {
     h->n_timings++;

@@ -67,6 +67,11 @@ void harness_section(harness_t *h, const char *title);
 int harness_check(harness_t *h, const char *side, const char *case_name, const char *version,
                   const char *shape, compare_result_t r, tolerance_t tol);
 
+// Record and print a check that is not an element-wise comparison (an
+// invariant, a count, an exact match); `detail` says what was found.
+int harness_check_bool(harness_t *h, const char *side, const char *case_name, const char *what,
+                       int pass, const char *detail);
+
 // Record one timing. bytes / flops: what one run must move / compute (0 if
 // not meaningful). target_pct_copy: the speed target as % of the measured
 // copy bandwidth (0: no target for this case).
