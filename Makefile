@@ -84,6 +84,8 @@ LIBS     := $(LIB_HOST) $(LIB_CUDA)
 
 .PHONY: all run check test test-unit test-chapters deps deps-test results clean help
 .DEFAULT_GOAL := all
+# Keep object files that pattern rules build on the way (make would delete them).
+.SECONDARY:
 
 all: $(CHAPTER_BINS)
 	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH))),no))"

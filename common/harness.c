@@ -23,6 +23,7 @@ static void usage(const harness_t *h, FILE *f) {
             "  --quick          fewer and smaller timing runs\n"
             "  --summary        one summary line instead of the full output\n"
             "  --require-speed  fail when a kernel misses its speed target\n"
+            "  --checks-only    checks only: no ceilings, no timing (for compute-sanitizer)\n"
             "  --device N       CUDA device index (default 0)\n"
             "  --help           this text\n"
             "exit status: 0 all checks passed, 1 a check failed, 2 bad arguments\n",
@@ -84,6 +85,8 @@ void harness_begin(harness_t *h, const char *chapter, const char *title, int arg
             h->summary = 1;
         } else if (!strcmp(a, "--require-speed")) {
             h->require_speed = 1;
+        } else if (!strcmp(a, "--checks-only")) {
+            h->checks_only = 1;
         } else {
             bad_arg(h, "unknown argument '%s'", a);
         }
@@ -130,6 +133,11 @@ void harness_begin(harness_t *h, const char *chapter, const char *title, int arg
     cJSON_AddNumberToObject(g, "mem_bytes", (double)h->gpu.mem_bytes);
     cJSON_AddStringToObject(g, "driver", h->gpu.driver);
     cJSON_AddStringToObject(g, "runtime", h->gpu.runtime);
+    h->do_timing = !h->checks_only;
+    if (!h->do_timing) {
+        if (!h->summary) printf("GPU: %s (%d SMs); --checks-only: no ceilings, no timing\n", h->gpu.name, h->gpu.sm_count);
+        return;
+    }
 #if MV_HAVE_CUDA
     measure_ceilings(&h->ceil, h->quick);
     cJSON *c = cJSON_AddObjectToObject(h->json, "ceilings");

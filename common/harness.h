@@ -16,6 +16,7 @@
  *   --quick          fewer and smaller timing runs
  *   --summary        print one summary line instead of the full table
  *   --require-speed  also fail (exit 1) when a kernel misses its speed target
+ *   --checks-only    run the checks, skip ceilings and timing (for compute-sanitizer)
  *   --device N       CUDA device index (default 0)
  *   --help
  * A wrong argument is an error naming it, with exit status 2.
@@ -40,11 +41,12 @@ typedef struct {
     // options
     const char *json_path;
     uint64_t seed;
-    int cpu_only, quick, summary, require_speed, device;
+    int cpu_only, quick, summary, require_speed, checks_only, device;
     char command[1024];    // the command line, for the record
     // environment
     gpu_info_t gpu;
     int use_gpu;           // 1 when the GPU half runs
+    int do_timing;         // 1 when timings run (GPU used, no --checks-only)
 #if MV_HAVE_CUDA
     ceilings_t ceil;
 #endif
