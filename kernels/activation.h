@@ -5,9 +5,12 @@
  *
  * Versions (the `version` argument):
  *   1  naive: one thread per output element, 2-byte loads. Written for reading.
- *   2  fast:  16-byte vector loads and stores (8 bf16 at a time), a grid sized
+ *   2  vec16: 16-byte vector loads and stores (8 bf16 at a time), a grid sized
  *             to the GPU that strides over the tensor. Falls back to narrower
  *             vectors when I or the pointers are not 16-byte aligned.
+ *   3  fast:  version 2's vectors, but each block takes whole rows (no index
+ *             division), the fast divide, and 4 vector loads issued before
+ *             their first use, for more bytes in flight per thread.
  * The CPU reference is silu_and_mul_cpu() in reference/activation.h.
  */
 #ifndef MV_KERNELS_ACTIVATION_H
@@ -21,8 +24,8 @@
 extern "C" {
 #endif
 
-#define SILU_AND_MUL_NUM_VERSIONS 2
-#define SILU_AND_MUL_FAST 2
+#define SILU_AND_MUL_NUM_VERSIONS 3
+#define SILU_AND_MUL_FAST 3  // the version the engine uses
 
 // "v1-naive", "v2-vec16"...; NULL for an unknown version.
 const char *silu_and_mul_version_name(int version);

@@ -14,9 +14,13 @@
  *
  * Versions:
  *   1  naive: one thread per row (per head), scalar loads. Written for reading.
- *   2  fast:  plain and fused use one block per row, heads one warp per head;
+ *   2  vec16: plain and fused use one block per row, heads one warp per head;
  *             16-byte vector loads, the row kept in registers between the
- *             sum of squares and the write, so each byte is read once.
+ *             sum of squares and the write, so each byte is read once. But
+ *             each thread waits for one load before it issues the next.
+ *   3  fast:  version 2 with every load of a thread issued before the first
+ *             use, 4 vectors per thread, 4 heads per warp: enough bytes in
+ *             flight to keep HBM busy.
  * The CPU reference is in reference/rmsnorm.h.
  */
 #ifndef MV_KERNELS_RMSNORM_H
@@ -30,8 +34,8 @@
 extern "C" {
 #endif
 
-#define RMSNORM_NUM_VERSIONS 2
-#define RMSNORM_FAST 2
+#define RMSNORM_NUM_VERSIONS 3
+#define RMSNORM_FAST 3  // the version the engine uses
 
 const char *rmsnorm_version_name(int version);
 

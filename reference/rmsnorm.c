@@ -36,6 +36,8 @@ int rmsnorm_heads_validate(long long T, long long num_heads, long long head_dim,
     if (out_stride < num_heads * head_dim)
         return mv_error("rmsnorm_heads: out row stride %lld is smaller than num_heads*head_dim = %lld",
                         out_stride, num_heads * head_dim);
+    if (T * num_heads >= (1LL << 31))
+        return mv_error("rmsnorm_heads: T*num_heads = %lld rows is larger than the lab supports", T * num_heads);
     if (T * x_stride > (1LL << 40) || T * out_stride > (1LL << 40))
         return mv_error("rmsnorm_heads: T*stride is larger than the lab supports");
     return check_eps("rmsnorm_heads", eps);
