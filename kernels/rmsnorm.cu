@@ -398,7 +398,11 @@ template <int VEC, bool FUSED>
 static void launch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w, int T, int hidden,
                            float eps, cudaStream_t s) {
     int nvec = hidden / VEC;
-    int threads = ((nvec + CACHE_V3 - 1) / CACHE_V3 + 31) / 32 * 32;
+    // Few rows (decode): the GPU is far from full, so latency matters more
+    // than bytes in flight; spread each row over more threads, one vector
+    // each. Many rows: CACHE_V3 vectors per thread.
+    int per_thread = T < 32 * mv_num_sms() ? 1 : CACHE_V3;
+    int threads = ((nvec + per_thread - 1) / per_thread + 31) / 32 * 32;
     if (threads > 1024) threads = 1024;
     rmsnorm_kernel_v3<VEC, CACHE_V3, FUSED><<<T, threads, 0, s>>>(out, res, x, w, hidden, eps);
 }
@@ -418,14 +422,25 @@ static void dispatch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w,
 // ROWS * CACHE vectors per lane stay in registers; fewer vectors per head
 // leave room for more heads per warp, so the bytes in flight per warp stay
 // about the same (8 heads of 128 = 2 KB per warp for Qwen3).
+template <int VEC, int CACHE, int ROWS>
+static void launch_heads_v3_rows(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
+                                 int T, int H, int D, float eps, cudaStream_t s) {
+    const int warps_per_block = 4;
+    long long warps = ((long long)T * H + ROWS - 1) / ROWS;
+    long long blocks = (warps + warps_per_block - 1) / warps_per_block;
+    rmsnorm_heads_kernel_v3<VEC, CACHE, ROWS><<<(unsigned)blocks, 32 * warps_per_block, 0, s>>>(
+        out, os, x, xs, w, T, H, D, eps);
+}
+
 template <int VEC, int CACHE>
 static void launch_heads_v3_cache(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
                                   int T, int H, int D, float eps, cudaStream_t s) {
-    const int rows_per_warp = CACHE == 1 ? 8 : CACHE == 2 ? 4 : 2, warps_per_block = 4;
-    long long warps = ((long long)T * H + rows_per_warp - 1) / rows_per_warp;
-    long long blocks = (warps + warps_per_block - 1) / warps_per_block;
-    rmsnorm_heads_kernel_v3<VEC, CACHE, rows_per_warp><<<(unsigned)blocks, 32 * warps_per_block, 0, s>>>(
-        out, os, x, xs, w, T, H, D, eps);
+    // Few heads (decode): one head per warp, for the shortest latency.
+    if ((long long)T * H < 64LL * mv_num_sms())
+        launch_heads_v3_rows<VEC, CACHE, 1>(out, os, x, xs, w, T, H, D, eps, s);
+    else if (CACHE == 1) launch_heads_v3_rows<VEC, CACHE, 8>(out, os, x, xs, w, T, H, D, eps, s);
+    else if (CACHE == 2) launch_heads_v3_rows<VEC, CACHE, 4>(out, os, x, xs, w, T, H, D, eps, s);
+    else launch_heads_v3_rows<VEC, CACHE, 2>(out, os, x, xs, w, T, H, D, eps, s);
 }
 
 template <int VEC>
