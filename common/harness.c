@@ -14,8 +14,7 @@ static void usage(const harness_t *h, FILE *f) {
     fprintf(f,
             "usage: %s [options]\n"
             "  %s\n\n"
-            "Checks the chapter's CUDA kernels against the CPU reference, then times them.\n"
-            "Without a usable GPU it checks the CPU reference on its own and says so.\n\n"
+            "%s\n\n"
             "options:\n"
             "  --json FILE      write every result (checks, tolerances, timings, GPU) to FILE\n"
             "  --seed N         seed for the random inputs (default 42)\n"
@@ -27,7 +26,12 @@ static void usage(const harness_t *h, FILE *f) {
             "  --device N       CUDA device index (default 0)\n"
             "  --help           this text\n"
             "exit status: 0 all checks passed, 1 a check failed, 2 bad arguments\n",
-            h->chapter, h->title);
+            h->chapter, h->title,
+            h->host_only ? "A host-only chapter: plain C with no GPU half; --cpu, --device and\n"
+                           "--require-speed change nothing."
+                         : "Checks the chapter's CUDA kernels against the CPU reference, then times them.\n"
+                           "Without a usable GPU it checks the CPU reference on its own and says so.");
+    if (h->extra_usage) fprintf(f, "options of this chapter:\n%s", h->extra_usage);
 }
 
 static void bad_arg(const harness_t *h, const char *fmt, const char *arg) {
@@ -57,8 +61,11 @@ static void iso_time(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
-void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv) {
+static void begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
+                  int host_only, const char *extra_usage) {
     memset(h, 0, sizeof *h);
+    h->host_only = host_only;
+    h->extra_usage = extra_usage;
     h->chapter = chapter;
     h->title = title;
     h->seed = 42;
@@ -110,7 +117,9 @@ void harness_begin(harness_t *h, const char *chapter, const char *title, int arg
     h->timings = cJSON_AddArrayToObject(h->json, "timings");
 
     if (!h->summary) printf("%s: %s\n", chapter, title);
-    if (h->cpu_only) {
+    if (h->host_only) {
+        snprintf(h->gpu.why_not, sizeof h->gpu.why_not, "host-only chapter");
+    } else if (h->cpu_only) {
         snprintf(h->gpu.why_not, sizeof h->gpu.why_not, "--cpu was given");
     } else if (gpu_probe(&h->gpu, h->device) == 0) {
         h->use_gpu = 1;
@@ -119,7 +128,8 @@ void harness_begin(harness_t *h, const char *chapter, const char *title, int arg
     cJSON_AddBoolToObject(g, "used", h->use_gpu);
     if (!h->use_gpu) {
         cJSON_AddStringToObject(g, "why_not", h->gpu.why_not);
-        if (!h->summary) printf("GPU half skipped: %s. Checking the CPU reference only.\n", h->gpu.why_not);
+        if (!h->summary && !h->host_only)
+            printf("GPU half skipped: %s. Checking the CPU reference only.\n", h->gpu.why_not);
         return;
     }
     cJSON_AddStringToObject(g, "name", h->gpu.name);
@@ -151,6 +161,32 @@ void harness_begin(harness_t *h, const char *chapter, const char *title, int arg
                h->gpu.name, h->gpu.sm_count, h->gpu.l2_bytes / 1e6, h->ceil.copy_gbs,
                h->ceil.gemm_tflops, h->ceil.gemm_n);
 #endif
+}
+
+void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv) {
+    begin(h, chapter, title, argc, argv, 0, NULL);
+}
+
+void harness_begin_host(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
+                        const harness_extra_t *extra) {
+    // The chapter's own options are taken out first; the common ones are
+    // parsed as in every chapter. The record keeps the whole command line.
+    char **rest = malloc((size_t)(argc + 1) * sizeof(char *));
+    if (!rest) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    int n = 0;
+    for (int i = 0; i < argc; i++) {
+        int used = i > 0 && extra && extra->parse ? extra->parse(extra->ctx, argc, argv, i) : 0;
+        if (used > 0) i += used - 1;
+        else rest[n++] = argv[i];
+    }
+    rest[n] = NULL;
+    begin(h, chapter, title, n, rest, 1, extra ? extra->usage : NULL);
+    free(rest);
+    size_t len = 0;
+    for (int i = 0; i < argc && len < sizeof h->command; i++)
+        len += (size_t)snprintf(h->command + len, sizeof h->command - len, "%s%s", i ? " " : "", argv[i]);
+    cJSON_ReplaceItemInObject(h->json, "command", cJSON_CreateString(h->command));
+    cJSON_AddBoolToObject(h->json, "host_only", 1);
 }
 
 void harness_section(harness_t *h, const char *title) {
@@ -276,6 +312,8 @@ int harness_end(harness_t *h) {
         if (h->use_gpu) {
             printf("  on %s", h->gpu.name);
             if (h->best_line[0]) printf("; fastest: %s", h->best_line);
+        } else if (h->host_only) {
+            printf("  (host-only chapter)");
         } else {
             printf("  (CPU reference only; GPU half skipped: %s)", h->gpu.why_not);
         }
@@ -285,7 +323,7 @@ int harness_end(harness_t *h) {
         printf("\n%s: %s, %d of %d checks passed", h->chapter, status, h->n_checks - h->n_failed,
                h->n_checks);
         if (h->n_timings) printf(", %d timings (%d below target)", h->n_timings, h->n_slow);
-        if (!h->use_gpu) printf("; GPU half skipped: %s", h->gpu.why_not);
+        if (!h->use_gpu && !h->host_only) printf("; GPU half skipped: %s", h->gpu.why_not);
         printf("\n");
     }
     cJSON_Delete(h->json);

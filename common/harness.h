@@ -55,11 +55,27 @@ typedef struct {
     int n_checks, n_failed, n_timings, n_slow;
     double best_pct;       // best % of copy bandwidth among targeted timings
     char best_line[256];   // the timing behind best_pct, for the summary
+    // host-only chapters (harness_begin_host)
+    int host_only;         // 1: the chapter has no GPU half at all
+    const char *extra_usage;  // the chapter's own options, for --help
 } harness_t;
 
 // Parses arguments (exits 0 after --help, 2 on a bad argument); may take a
 // few hundred ms to measure the ceilings when a GPU is used.
 void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv);
+
+// A chapter with no GPU half (scheduler, tokenizer): its messages say
+// "host-only chapter" instead of "GPU half skipped", and `parse` takes the
+// chapter's own options first. parse(ctx, argc, argv, i) returns how many
+// entries argv[i..] it used (0: not its option); it exits 2 itself on a bad
+// value. `usage` lists those options for --help.
+typedef struct {
+    const char *usage;
+    int (*parse)(void *ctx, int argc, char **argv, int i);
+    void *ctx;
+} harness_extra_t;
+void harness_begin_host(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
+                        const harness_extra_t *extra);
 
 // A heading for the next group of lines (not printed with --summary).
 void harness_section(harness_t *h, const char *title);
