@@ -37,10 +37,12 @@ static const tolerance_t TOL_F64 = {
     1e-12, 1e-6, 1e-12,
     "fp32 reference vs float64 formula on the same inputs: a handful of fp32 roundings "
     "(2^-24 relative each) and no cancellation (1 + exp(-g) > 1)"};
+#if MV_HAVE_CUDA  // only the GPU half uses it (a CPU-only build warns otherwise)
 static const tolerance_t TOL_GPU = {
     1e-7, 1.0 / 256 + 1e-6, 1.0 / 65536,
     "kernel output is stored as bf16: rounding to nearest costs at most half an ulp, "
     "2^-8 = 3.9e-3 relative; __expf adds < 1e-6; so NMSE <= (2^-8)^2 = 1.5e-5"};
+#endif
 
 // ---- 1. the CPU reference on its own ----------------------------------------------
 
