@@ -148,6 +148,9 @@ test: deps-test
 test-unit: $(TEST_BINS)
 	@status=0; for t in $(TEST_BINS); do echo "== $$t"; ./$$t --jobs=2 || status=1; done; exit $$status
 
+# tests/test_tokenizer.c runs the engine's program, so it must be built first.
+test-unit: $(BUILD)/minivllm
+
 test-chapters: $(CHAPTER_BINS)
 	@echo "== chapters in CPU mode"
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --cpu --summary || status=1; done; exit $$status

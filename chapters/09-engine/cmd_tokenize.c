@@ -56,6 +56,14 @@ static cJSON *parse_line(const char *line, size_t len) {
     return cJSON_ParseWithLengthOpts(line, len + 1, NULL, 1);
 }
 
+// Prefix the last error with where it happened. mv_error() formats into the
+// very buffer mv_last_error() returns, so the old message is copied first.
+static int error_in(const char *path, long line_no) {
+    char what[1024];
+    snprintf(what, sizeof what, "%s", mv_last_error());
+    return mv_error("%s:%ld: %s", path, line_no, what);
+}
+
 // Read FILE one line at a time; calls fn(line, len, line_no, ctx) for each.
 typedef int (*line_fn)(const char *line, size_t len, long line_no, void *ctx);
 
@@ -108,7 +116,7 @@ static int tokenize_line(const char *line, size_t len, long line_no, void *p) {
         return rc;
     }
     if (!rc) rc = tokenizer_encode(c->tok, c->text.data, c->text.len, &c->ids);
-    if (rc) return mv_error("%s:%ld: %s", c->path, line_no, mv_last_error());
+    if (rc) return error_in(c->path, line_no);
     cli_print_ids(stdout, c->ids.data, c->ids.len);
     return 0;
 }
@@ -127,7 +135,7 @@ static int run_bench(tokenize_ctx_t *c, int repeat, double load_s) {
         for (size_t d = 0; d < c->n_docs; d++) {
             c->ids.len = 0;
             if (tokenizer_encode(c->tok, c->all.data + start, c->ends[d] - start, &c->ids))
-                return mv_error("%s: request %zu: %s", c->path, d + 1, mv_last_error());
+                return error_in(c->path, (long)d + 1);
             for (size_t k = 0; k < c->ids.len; k++) sum += (uint64_t)c->ids.data[k];
             n_tokens += c->ids.len;
             start = c->ends[d];
@@ -239,7 +247,7 @@ static int detok_line(const char *line, size_t len, long line_no, void *p) {
     }
     cJSON_Delete(arr);
     if (!rc) rc = decode_ids(c);
-    if (rc) return mv_error("%s:%ld: %s", c->path, line_no, mv_last_error());
+    if (rc) return error_in(c->path, line_no);
     cli_print_json_string(stdout, c->text.data, c->text.len);
     return 0;
 }
