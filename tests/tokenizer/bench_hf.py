@@ -75,8 +75,7 @@ def cpu_name():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    ap.add_argument("--minivllm", default="build/minivllm")
-    ap.add_argument("--model", default=os.environ.get("MV_QWEN3_DIR"))
+    textgen.add_common_args(ap)
     ap.add_argument("--mb", type=float, default=4.0, help="megabytes of mixed text (default 4)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=7)

@@ -80,8 +80,7 @@ def first_diff(a, b):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
-    ap.add_argument("--minivllm", default="build/minivllm")
-    ap.add_argument("--model", default=os.environ.get("MV_QWEN3_DIR"))
+    textgen.add_common_args(ap)
     ap.add_argument("--n-random", type=int, default=4000, help="random strings (default 4000)")
     ap.add_argument("--n-random-chats", type=int, default=300)
     ap.add_argument("--seed", type=int, default=20240607)

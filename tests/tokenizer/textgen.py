@@ -8,11 +8,20 @@ Shared by compare_hf.py (correctness against Hugging Face) and bench_hf.py
   random_strings(n, seed) strings that mix every kind of hard piece at random
   chat_cases(seed)        chat requests for the chat-template comparison
   bench_documents(mb, seed) a few MB of mixed prose, code and CJK text
+  add_common_args(ap)     --minivllm and --model, for both scripts
 
 No NUL characters: the JSON lines interface goes through cJSON, whose strings
 are C strings.
 """
+import os
 import random
+
+
+def add_common_args(ap):
+    """The two options every tokenizer script takes: which program, which model."""
+    ap.add_argument("--minivllm", default="build/minivllm", help="the built program (default build/minivllm)")
+    ap.add_argument("--model", default=os.environ.get("MV_QWEN3_DIR"),
+                    help="Qwen3 model directory (default $MV_QWEN3_DIR)")
 
 SPECIAL_TEXTS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>",
                  "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|vision_pad|>",
