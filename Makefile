@@ -82,7 +82,7 @@ LIB_HOST := $(BUILD)/libmv_host.a
 LIB_CUDA := $(if $(CU_SRC),$(BUILD)/libmv_cuda.a)
 LIBS     := $(LIB_HOST) $(LIB_CUDA)
 
-.PHONY: all run check test test-unit test-chapters deps deps-test results clean help
+.PHONY: all run check test test-unit test-chapters test-tokenizer deps deps-test results clean help
 .DEFAULT_GOAL := all
 # Keep object files that pattern rules build on the way (make would delete them).
 .SECONDARY:
@@ -145,14 +145,25 @@ check: all
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c || { echo "FAILED: $$c"; status=1; }; done; exit $$status
 
 test: deps-test
-	@$(MAKE) --no-print-directory test-unit test-chapters
+	@$(MAKE) --no-print-directory test-unit test-chapters test-tokenizer
 
 test-unit: $(TEST_BINS)
 	@status=0; for t in $(TEST_BINS); do echo "== $$t"; ./$$t --jobs=2 || status=1; done; exit $$status
 
+# tests/test_tokenizer.c runs the engine's program, so it must be built first.
+test-unit: $(BUILD)/minivllm
+
 test-chapters: $(CHAPTER_BINS)
 	@echo "== chapters in CPU mode"
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --cpu --summary || status=1; done; exit $$status
+
+# The C tokenizer against Hugging Face, id for id (tests/tokenizer/compare_hf.py).
+# It prints SKIP and passes when MV_QWEN3_DIR or the Python packages
+# (tests/requirements.txt) are missing; any mismatch fails.
+test-tokenizer: $(BUILD)/minivllm
+	@echo "== tokenizer vs Hugging Face ($(BUILD)/minivllm)"
+	@if command -v python3 >/dev/null 2>&1; then python3 tests/tokenizer/compare_hf.py --minivllm $(BUILD)/minivllm; \
+	 else echo "SKIP tokenizer comparison with Hugging Face: python3 not found"; fi
 
 # docs/results/*.md from the chapters' --json files (docs/results/json/).
 results:

@@ -1,0 +1,51 @@
+/*
+ * chapters/09-engine/cli.h - the pieces of the `minivllm` command line.
+ *
+ * main.c holds the table of commands; each command is a function
+ * cmd_NAME(argc, argv) (argv[0] is the command's name) that parses its
+ * options with cli_parse and returns the exit status:
+ *   0 success, 1 failure (bad input, bad model files), 2 bad arguments.
+ * To add a command: write cmd_NAME in its own cmd_*.c file, declare it
+ * here, add a line to COMMANDS in main.c.
+ */
+#ifndef MV_CLI_H
+#define MV_CLI_H
+
+#include <stdio.h>
+
+#include "chapters/09-engine/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2, CLI_HELP = 3 };
+
+// One option: "--name VALUE" (value != NULL) or a flag "--name" (flag != NULL).
+typedef struct {
+    const char *name;     // "--model"
+    const char *metavar;  // "DIR" in the help text; NULL for a flag
+    const char *help;
+    const char **value;   // where the value goes
+    int *flag;            // set to 1 if the flag is given
+} cli_opt_t;
+
+// Parse argv[1..argc) against opts[0..n_opts). Returns CLI_OK, CLI_HELP
+// (--help printed the usage) or CLI_USAGE (an error naming the argument
+// was printed). `usage` is the command's synopsis and description.
+int cli_parse(const char *cmd, const char *usage, const cli_opt_t *opts, int n_opts, int argc, char **argv);
+// "minivllm CMD: <message>" on stderr; returns `status`.
+int cli_error(const char *cmd, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// Output helpers: a JSON list "[1, 2, 3]" and a JSON string, each on one line.
+void cli_print_ids(FILE *f, const int32_t *ids, size_t n);
+void cli_print_json_string(FILE *f, const char *s, size_t n);
+
+// Commands (cmd_tokenize.c).
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
