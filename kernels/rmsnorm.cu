@@ -180,8 +180,7 @@ __global__ void rmsnorm_heads_kernel_v2(bf16 *out, long long out_stride, const b
 // to stay busy. Version 3 issues all of a thread's loads before it uses any
 // (fixed-size, unrolled, predicated), gives each thread CACHE = 4 vectors
 // (a 1024-wide row becomes one warp with 64 bytes per lane in flight), and
-// for heads gives each warp several heads (8 of head_dim 128) whose loads all
-// go out together.
+// for heads lets each thread carry 4 tokens (see rmsnorm_heads_kernel_v3).
 template <int VEC, int CACHE, bool FUSED>
 __global__ void __launch_bounds__(1024)
 rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int hidden, float eps) {
@@ -261,52 +260,67 @@ rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int h
     }
 }
 
-// ROWS heads per warp, each head's vectors spread over the 32 lanes
-// (CACHE per lane); heads longer than 32 * CACHE vectors re-read the rest.
-template <int VEC, int CACHE, int ROWS>
-__global__ void rmsnorm_heads_kernel_v3(bf16 *out, long long out_stride, const bf16 *x,
-                                        long long x_stride, const bf16 *w, int T, int H, int D,
-                                        float eps) {
-    using vec_t = bf16_vec<VEC>;
-    const int lane = threadIdx.x % 32;
-    const int total = T * H;  // validated < 2^31
-    const int row0 = (int)(((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32) * ROWS;
-    if (row0 >= total) return;  // whole warps leave together
-    const int nvec = D / VEC;
-    const vec_t *wv = reinterpret_cast<const vec_t *>(w);
+// Heads: a group of LANES threads (a power of two, at most 32) per head, the
+// block's y dimension over heads, so a block covers whole tokens and finds
+// its head and token without dividing. Each thread loads its weight slice
+// once and keeps it for all TOK tokens of the block, and issues the loads of
+// all TOK tokens before using any. Measured before this shape (one warp per
+// head, 4 or 8 heads per warp, a divide per head): 42% of copy on
+// contiguous Qwen3 q heads, because a 256-byte head carried as many
+// instructions as a 2 KB row.
+template <int LANES>
+__device__ __forceinline__ float group_sum(float v, unsigned mask) {
+#pragma unroll
+    for (int offset = LANES / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(mask, v, offset);
+    return v;
+}
 
-    vec_t v[ROWS][CACHE];
+template <int VEC, int LANES, int CACHE, int TOK>
+__global__ void __launch_bounds__(1024)
+rmsnorm_heads_kernel_v3(bf16 *out, long long out_stride, const bf16 *x, long long x_stride,
+                        const bf16 *w, int T, int H, int D, float eps) {
+    using vec_t = bf16_vec<VEC>;
+    const int lane = threadIdx.x;                        // position inside the head's group
+    const int h = blockIdx.y * blockDim.y + threadIdx.y; // head (blockDim.y divides H)
+    const int nvec = D / VEC;
+    const long long t0 = (long long)blockIdx.x * TOK;
+    // Shuffles need the exact set of lanes present: the block's last warp
+    // may be partial when blockDim.x * blockDim.y is not a multiple of 32.
+    const int tid = threadIdx.y * LANES + lane, warp_base = tid & ~31;
+    const int in_warp = min(32, (int)(blockDim.x * blockDim.y) - warp_base);
+    const unsigned mask = in_warp == 32 ? 0xffffffffu : ((1u << in_warp) - 1u);
+
+    const vec_t *wv = reinterpret_cast<const vec_t *>(w);
+    vec_t wk[CACHE];
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        int row = row0 + r;
-        if (row < total) {
-            const vec_t *xr = reinterpret_cast<const vec_t *>(x + (row / H) * x_stride + (long long)(row % H) * D);
+    for (int c = 0; c < CACHE; c++)
+        if (lane + c * LANES < nvec) wk[c] = wv[lane + c * LANES];
+
+    vec_t v[TOK][CACHE];
 #pragma unroll
-            for (int c = 0; c < CACHE; c++) {
-                int i = lane + 32 * c;
-                if (i < nvec) v[r][c] = xr[i];
-            }
+    for (int r = 0; r < TOK; r++) {
+        if (t0 + r < T) {
+            const vec_t *xr = reinterpret_cast<const vec_t *>(x + (t0 + r) * x_stride + (long long)h * D);
+#pragma unroll
+            for (int c = 0; c < CACHE; c++)
+                if (lane + c * LANES < nvec) v[r][c] = xr[lane + c * LANES];
         }
     }
 #pragma unroll
-    for (int r = 0; r < ROWS; r++) {
-        int row = row0 + r;
-        if (row >= total) break;  // the same for every lane: warp_sum stays safe
-        const vec_t *xr = reinterpret_cast<const vec_t *>(x + (row / H) * x_stride + (long long)(row % H) * D);
-        vec_t *y = reinterpret_cast<vec_t *>(out + (row / H) * out_stride + (long long)(row % H) * D);
+    for (int r = 0; r < TOK; r++) {
+        if (t0 + r >= T) break;  // the same for the whole block
+        const vec_t *xr = reinterpret_cast<const vec_t *>(x + (t0 + r) * x_stride + (long long)h * D);
+        vec_t *y = reinterpret_cast<vec_t *>(out + (t0 + r) * out_stride + (long long)h * D);
         float sum_sq = 0.0f;
 #pragma unroll
-        for (int c = 0; c < CACHE; c++) {
-            int i = lane + 32 * c;
-            if (i < nvec) {
+        for (int c = 0; c < CACHE; c++)
+            if (lane + c * LANES < nvec)
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
                     float f = __bfloat162float(v[r][c].v[e]);
                     sum_sq += f * f;
                 }
-            }
-        }
-        for (int i = lane + 32 * CACHE; i < nvec; i += 32) {
+        for (int i = lane + CACHE * LANES; i < nvec; i += LANES) {  // heads past the cache
             vec_t t = xr[i];
 #pragma unroll
             for (int e = 0; e < VEC; e++) {
@@ -314,25 +328,25 @@ __global__ void rmsnorm_heads_kernel_v3(bf16 *out, long long out_stride, const b
                 sum_sq += f * f;
             }
         }
-        const float inv_rms = warp_inv_rms(sum_sq, D, eps);
+        const float inv_rms = rsqrtf(group_sum<LANES>(sum_sq, mask) / (float)D + eps);
 #pragma unroll
         for (int c = 0; c < CACHE; c++) {
-            int i = lane + 32 * c;
+            int i = lane + c * LANES;
             if (i < nvec) {
-                vec_t wk = wv[i], o;
+                vec_t o;
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    o.v[e] = __float2bfloat16(__bfloat162float(v[r][c].v[e]) * inv_rms * __bfloat162float(wk.v[e]));
+                    o.v[e] = __float2bfloat16(__bfloat162float(v[r][c].v[e]) * inv_rms * __bfloat162float(wk[c].v[e]));
                 y[i] = o;
             }
         }
-        // In place, the tail is safe: each lane reads its element i just
-        // before writing it, and no other lane touches i.
-        for (int i = lane + 32 * CACHE; i < nvec; i += 32) {
-            vec_t t = xr[i], wk = wv[i], o;
+        // In place, the tail is safe: a thread reads element i just before
+        // writing it, and no other thread touches i.
+        for (int i = lane + CACHE * LANES; i < nvec; i += LANES) {
+            vec_t t = xr[i], wt = wv[i], o;
 #pragma unroll
             for (int e = 0; e < VEC; e++)
-                o.v[e] = __float2bfloat16(__bfloat162float(t.v[e]) * inv_rms * __bfloat162float(wk.v[e]));
+                o.v[e] = __float2bfloat16(__bfloat162float(t.v[e]) * inv_rms * __bfloat162float(wt.v[e]));
             y[i] = o;
         }
     }
@@ -419,37 +433,42 @@ static void dispatch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w,
     }
 }
 
-// ROWS * CACHE vectors per lane stay in registers; fewer vectors per head
-// leave room for more heads per warp, so the bytes in flight per warp stay
-// about the same (8 heads of 128 = 2 KB per warp for Qwen3).
-template <int VEC, int CACHE, int ROWS>
-static void launch_heads_v3_rows(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
-                                 int T, int H, int D, float eps, cudaStream_t s) {
-    const int warps_per_block = 4;
-    long long warps = ((long long)T * H + ROWS - 1) / ROWS;
-    long long blocks = (warps + warps_per_block - 1) / warps_per_block;
-    rmsnorm_heads_kernel_v3<VEC, CACHE, ROWS><<<(unsigned)blocks, 32 * warps_per_block, 0, s>>>(
-        out, os, x, xs, w, T, H, D, eps);
-}
-
-template <int VEC, int CACHE>
-static void launch_heads_v3_cache(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
+template <int VEC, int LANES, int CACHE>
+static void launch_heads_v3_shape(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
                                   int T, int H, int D, float eps, cudaStream_t s) {
-    // Few heads (decode): one head per warp, for the shortest latency.
-    if ((long long)T * H < 64LL * mv_num_sms())
-        launch_heads_v3_rows<VEC, CACHE, 1>(out, os, x, xs, w, T, H, D, eps, s);
-    else if (CACHE == 1) launch_heads_v3_rows<VEC, CACHE, 8>(out, os, x, xs, w, T, H, D, eps, s);
-    else if (CACHE == 2) launch_heads_v3_rows<VEC, CACHE, 4>(out, os, x, xs, w, T, H, D, eps, s);
-    else launch_heads_v3_rows<VEC, CACHE, 2>(out, os, x, xs, w, T, H, D, eps, s);
+    // Heads per block: the largest divisor of H that keeps the block at
+    // 1024 threads or fewer (all of Qwen3's 16 q or 8 kv heads at once).
+    int hpb = H;
+    while (hpb * LANES > 1024 || H % hpb) hpb--;
+    dim3 block(LANES, hpb);
+    // Four tokens per block keep 4 x 16 bytes in flight per thread; decode
+    // steps (few tokens) take one token per block, for latency.
+    // (Only heads of at most 32 vectors take 4 tokens: longer heads would
+    // need more registers than a thread has.)
+    if constexpr (CACHE == 1) {
+        if (T >= 4 * mv_num_sms()) {
+            dim3 grid((unsigned)((T + 3) / 4), (unsigned)(H / hpb));
+            rmsnorm_heads_kernel_v3<VEC, LANES, CACHE, 4><<<grid, block, 0, s>>>(out, os, x, xs, w, T, H, D, eps);
+            return;
+        }
+    }
+    {
+        dim3 grid((unsigned)T, (unsigned)(H / hpb));
+        rmsnorm_heads_kernel_v3<VEC, LANES, CACHE, 1><<<grid, block, 0, s>>>(out, os, x, xs, w, T, H, D, eps);
+    }
 }
 
 template <int VEC>
 static void launch_heads_v3(bf16 *out, long long os, const bf16 *x, long long xs, const bf16 *w,
                             int T, int H, int D, float eps, cudaStream_t s) {
+    // LANES: enough threads for one vector each, as a power of two (4..32);
+    // a head longer than 32 vectors gives each thread up to 4 cached.
     int nvec = D / VEC;
-    if (nvec <= 32) launch_heads_v3_cache<VEC, 1>(out, os, x, xs, w, T, H, D, eps, s);
-    else if (nvec <= 64) launch_heads_v3_cache<VEC, 2>(out, os, x, xs, w, T, H, D, eps, s);
-    else launch_heads_v3_cache<VEC, 4>(out, os, x, xs, w, T, H, D, eps, s);
+    if (nvec <= 4) launch_heads_v3_shape<VEC, 4, 1>(out, os, x, xs, w, T, H, D, eps, s);
+    else if (nvec <= 8) launch_heads_v3_shape<VEC, 8, 1>(out, os, x, xs, w, T, H, D, eps, s);
+    else if (nvec <= 16) launch_heads_v3_shape<VEC, 16, 1>(out, os, x, xs, w, T, H, D, eps, s);
+    else if (nvec <= 32) launch_heads_v3_shape<VEC, 32, 1>(out, os, x, xs, w, T, H, D, eps, s);
+    else launch_heads_v3_shape<VEC, 32, 4>(out, os, x, xs, w, T, H, D, eps, s);
 }
 
 static int check_version(const char *who, int version) {
@@ -521,9 +540,7 @@ extern "C" int rmsnorm_heads_cuda(int version, bf16_t *d_out, long long out_stri
         rmsnorm_heads_kernel_v1<<<(unsigned)((rows + 127) / 128), 128, 0, stream>>>(
             out, out_stride, x, x_stride, w, T, num_heads, head_dim, eps);
     } else if (version == 3) {
-        // Prefer the widest vector that still gives all 32 lanes work.
         int vec = pick_vec(head_dim, x_stride, out_stride, out, x, w, w);
-        while (vec > 1 && head_dim / vec < 32 && head_dim % (vec / 2) == 0) vec /= 2;
         switch (vec) {
         case 8: launch_heads_v3<8>(out, out_stride, x, x_stride, w, T, num_heads, head_dim, eps, stream); break;
         case 4: launch_heads_v3<4>(out, out_stride, x, x_stride, w, T, num_heads, head_dim, eps, stream); break;

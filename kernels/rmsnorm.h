@@ -19,8 +19,9 @@
  *             sum of squares and the write, so each byte is read once. But
  *             each thread waits for one load before it issues the next.
  *   3  fast:  version 2 with every load of a thread issued before the first
- *             use, 4 vectors per thread, 4 heads per warp: enough bytes in
- *             flight to keep HBM busy.
+ *             use and 4 vectors per thread (rows), or 4 tokens per thread
+ *             with a thread group per head (heads): enough bytes in flight
+ *             to keep HBM busy.
  * The CPU reference is in reference/rmsnorm.h.
  */
 #ifndef MV_KERNELS_RMSNORM_H

@@ -46,6 +46,7 @@ static const tolerance_t TOL_F64 = {
     1e-12, 1e-6, 1e-12,
     "fp32 reference vs float64 formula: the reference sums squares in double, so only "
     "the final float scaling (three roundings of 2^-24) differs"};
+#if MV_HAVE_CUDA  // the GPU half's tolerances (a CPU-only build would warn they are unused)
 static const tolerance_t TOL_GPU = {
     1e-7, BF16_HALF_ULP + 1e-5, (BF16_HALF_ULP + 1e-5) * (BF16_HALF_ULP + 1e-5),
     "output stored as bf16: at most half an ulp, 2^-8 relative; the kernel's fp32 sum "
@@ -59,6 +60,7 @@ static const tolerance_t TOL_GPU_FUSED = {
     "the kernel normalises the residual as stored in bf16 (as Hugging Face does) and rounds "
     "the output: two roundings of 2^-8 plus their small effect on 1/rms, 3*2^-8 per element "
     "at worst; independent roundings keep NMSE under 2*(2^-8)^2"};
+#endif
 
 // ---- 1. the CPU reference on its own ----------------------------------------------
 
