@@ -49,17 +49,26 @@ ifeq ($(SANITIZE),1)
   LDFLAGS += -fsanitize=address,undefined
 endif
 
+# NCCL (tensor parallelism over several GPUs) comes with the CUDA builds when
+# its header is found.
+ifneq ($(NVCC),)
+  HAVE_NCCL := $(shell printf '\043include <nccl.h>\n' | $(CC) -E -x c -I$(CUDA_HOME)/include - >/dev/null 2>&1 && echo 1 || echo 0)
+else
+  HAVE_NCCL := 0
+endif
+
 ifneq ($(NVCC),)
   HAVE_CUDA := 1
-  CPPFLAGS += -DMV_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  CPPFLAGS += -DMV_HAVE_CUDA=1 -DMV_HAVE_NCCL=$(HAVE_NCCL) -I$(CUDA_HOME)/include
   GENCODE  := $(foreach a,$(CUDA_ARCH),-gencode=arch=compute_$(a),code=sm_$(a))
   NVFLAGS  := -O3 -std=c++17 -lineinfo $(GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
               -Werror all-warnings
-  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
+  CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(if $(filter 1,$(HAVE_NCCL)),-lnccl) \
+               -lcublas -lcudart_static -ldl -lrt -lstdc++
   LINK := $(CXX)
 else
   HAVE_CUDA := 0
-  CPPFLAGS += -DMV_HAVE_CUDA=0
+  CPPFLAGS += -DMV_HAVE_CUDA=0 -DMV_HAVE_NCCL=0
   CUDA_LIBS :=
   LINK := $(CC)
 endif
@@ -88,7 +97,7 @@ LIBS     := $(LIB_HOST) $(LIB_CUDA)
 .SECONDARY:
 
 all: $(CHAPTER_BINS)
-	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH))),no))"
+	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
 
 comma := ,
 space := $(empty) $(empty)

@@ -46,8 +46,8 @@ __device__ __forceinline__ float block_sum(float v) {
     return v;
 }
 
-// Number of thread blocks that fills the GPU: `per_sm` resident blocks on
-// each multiprocessor. Queried once per device and cached.
+// The number of multiprocessors (SMs) of the current device, queried once
+// per device and cached: launchers size grids that fill the GPU from it.
 int mv_num_sms(void);
 
 #endif

@@ -62,7 +62,7 @@ __global__ void rmsnorm_heads_kernel_v1(bf16 *out, long long out_stride, const b
         y[i] = __float2bfloat16(__bfloat162float(xr[i]) * inv_rms * __bfloat162float(w[i]));
 }
 
-// ---- version 2: fast -----------------------------------------------------------
+// ---- version 2: vec16 ----------------------------------------------------------
 // Block per row (plain and fused). Thread k handles vectors k, k + blockDim,
 // k + 2*blockDim...; the first CACHE of them stay in registers (cache[][]),
 // so a row of up to CACHE * blockDim * VEC elements is read from memory once.
@@ -176,8 +176,8 @@ __global__ void rmsnorm_heads_kernel_v2(bf16 *out, long long out_stride, const b
 // copy bandwidth, and only 34% for q heads. Its loop gives a thread one
 // 16-byte load, waits for it, adds it up, and only then issues the next; a
 // 128-thread block of a 1024-wide row has just 2 KB in flight. By Little's
-// law an H200 needs about 4.8 TB/s x ~1 us = ~5 MB in flight, ~36 KB per SM,
-// to stay busy. Version 3 issues all of a thread's loads before it uses any
+// law an H200 needs about 4.2 TB/s (measured copy) x ~1 us = ~4 MB in flight,
+// ~32 KB per SM, to stay busy. Version 3 issues all of a thread's loads before it uses any
 // (fixed-size, unrolled, predicated), gives each thread CACHE = 4 vectors
 // (a 1024-wide row becomes one warp with 64 bytes per lane in flight), and
 // for heads lets each thread carry 4 tokens (see rmsnorm_heads_kernel_v3).

@@ -4,7 +4,9 @@
  *     y = x / sqrt(mean(x^2) + eps) * w          (over the last dimension)
  *
  * Where Qwen3 uses it:
- *  - plain: the final norm before the LM head;
+ *  - plain: a norm with no residual to add (Hugging Face's final norm; in
+ *    the engine's vLLM-style layout, layer 0's input_layernorm, where the
+ *    residual stream starts);
  *  - fused with the residual add: each decoder layer's input_layernorm and
  *    post_attention_layernorm receive the sublayer output x and the running
  *    residual stream; the layer computes residual = x + residual, keeps it

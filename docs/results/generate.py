@@ -83,7 +83,7 @@ def render_checks(d):
 
 
 def render_sanitizer(chapter):
-    path = os.path.join(JSON_DIR, f"{chapter}.sanitizer.txt")
+    path = os.path.join(JSON_DIR, f"{chapter.split('.')[0]}.sanitizer.txt")
     if not os.path.exists(path):
         return "compute-sanitizer: not run.\n"
     out = ["| tool | exit status | summary |", "| --- | --- | --- |"]
@@ -155,7 +155,7 @@ def blocks():
         if name.endswith(".bench.json"):
             continue
         d = json.load(open(path))
-        ch = d["chapter"]
+        ch = name[:-len(".json")]  # "03-linear-tp" or "03-linear-tp.1gpu"
         if d.get("gpu", {}).get("used"):
             out[f"{ch}:env"] = (name, render_env(d))
             out[f"{ch}:timings"] = (name, render_timings(d))

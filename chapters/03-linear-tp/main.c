@@ -1,0 +1,593 @@
+/*
+ * chapters/03-linear-tp/main.c - Chapter 03: linear layers sharded for tensor
+ * parallelism (replicated, column, merged column, QKV, row), over cuBLAS and NCCL.
+ *
+ * What it checks:
+ *   1. The CPU reference GEMM (reference/linear.c) against hand-computed
+ *      values and a float64 formula.
+ *   2. A CPU simulation of tp = 1, 2, 4 and 8 ranks: every rank's shard is
+ *      cut from the full checkpoint tensors by tp_linear_load(), and the
+ *      concatenated column outputs and the summed row partials must equal
+ *      the unsharded layer. Bad sharding (tp not dividing the heads) and bad
+ *      tensor shapes must be rejected. This half always runs (CI).
+ *   3. On the GPU, Qwen3-0.6B's projections (qkv, o, gate_up, down) plus a
+ *      replicated layer and biased column/row layers: with N >= 2 visible
+ *      GPUs, tp = N over NCCL, one rank per GPU, every rank checked against
+ *      the CPU; with one GPU, tp = 1 and the tp = 2 arithmetic with both
+ *      shards on that GPU.
+ *   4. Timing: TFLOP/s and GB/s at M = 1, 8, 64, 256 decode tokens and 4096,
+ *      16384 prefill tokens; with 2+ GPUs also each rank's shard and the
+ *      all-reduce of the hidden-size activations (time and bus bandwidth).
+ *
+ * Build and run:  make && ./build/03-linear-tp [--json FILE] [--help]
+ * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chapters/03-linear-tp/linear_tp.h"
+#include "common/bf16.h"
+#include "common/check.h"
+#include "common/compare.h"
+#include "common/harness.h"
+#include "common/rng.h"
+#include "reference/linear.h"
+#if MV_HAVE_CUDA
+#include "common/tp_group.h"
+#include "kernels/linear.h"
+#endif
+
+#define BF16_HALF_ULP (1.0 / 256)
+
+static const tolerance_t TOL_HAND = {1e-12, 1e-6, 1e-12,
+    "small integers and halves: every product and sum is exact in fp32"};
+static const tolerance_t TOL_F64 = {1e-6, 1e-5, 1e-11,
+    "fp32 dot products of length K against float64: about sqrt(K) roundings of 2^-24 times "
+    "sum|x*w|, under 1e-6 here"};
+static const tolerance_t TOL_EXACT = {0, 0, 0,
+    "a column shard computes the very same dot products, in the same order, as the unsharded "
+    "layer: the results must be identical"};
+static const tolerance_t TOL_ROW_CPU = {1e-5, 1e-5, 1e-10,
+    "row partials summed in another order than the full dot product: fp32 roundings of "
+    "~2^-24 * sum|x*w|, about 1e-6 at these sizes"};
+
+// ---- layer descriptions ---------------------------------------------------------------
+
+typedef struct {
+    const char *name;   // shown in tables
+    tp_kind_t kind;
+    int in, out;        // full layer
+    int parts[3];       // part rows (merged: gate, up; qkv: computed from heads)
+    int num_parts;
+    int heads, kv_heads, head_dim;  // qkv
+    int bias;           // has a bias
+} layer_spec_t;
+
+static int make_layer(const layer_spec_t *s, int tp, int rank, tp_linear_t *l) {
+    switch (s->kind) {
+    case TP_REPLICATED: return tp_linear_replicated(l, s->in, s->out, tp, rank);
+    case TP_COLUMN: return tp_linear_column(l, s->in, s->out, tp, rank);
+    case TP_MERGED_COLUMN: return tp_linear_merged_column(l, s->in, s->parts, s->num_parts, tp, rank);
+    case TP_QKV: return tp_linear_qkv(l, s->in, s->heads, s->kv_heads, s->head_dim, tp, rank);
+    case TP_ROW: return tp_linear_row(l, s->in, s->out, tp, rank);
+    }
+    return mv_error("unknown layer kind");
+}
+
+// The full checkpoint tensors of a layer: one per part (q, k, v / gate, up / W).
+typedef struct {
+    tp_linear_t full;           // the tp = 1 view
+    bf16_t *part_w[3];          // [part_out[p], in]
+    bf16_t *part_b[3];          // [part_out[p]] or NULL
+    bf16_t *W, *b;              // the unsharded layer: parts stacked, [out, in] and [out]
+    const char *part_name[3];
+} layer_weights_t;
+
+static const char *part_tensor_name(const layer_spec_t *s, int p) {
+    static const char *qkv[3] = {"q_proj", "k_proj", "v_proj"}, *mlp[2] = {"gate_proj", "up_proj"};
+    if (s->kind == TP_QKV) return qkv[p];
+    if (s->kind == TP_MERGED_COLUMN) return mlp[p];
+    return s->name;
+}
+
+// Weights ~ U(-1/sqrt(in), 1/sqrt(in)), as nn.Linear initialises them, so
+// outputs stay O(1) at any K; biases ~ U(-0.5, 0.5).
+static void make_weights(layer_weights_t *lw, const layer_spec_t *s, rng_t *rng) {
+    memset(lw, 0, sizeof *lw);
+    MV_CHECK(make_layer(s, 1, 0, &lw->full));
+    const tp_linear_t *l = &lw->full;
+    float a = 1.0f / sqrtf((float)l->in_features);
+    lw->W = malloc((size_t)l->out_features * l->in_features * sizeof(bf16_t));
+    lw->b = s->bias ? malloc((size_t)l->out_features * sizeof(bf16_t)) : NULL;
+    if (!lw->W || (s->bias && !lw->b)) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    size_t row = 0;
+    for (int p = 0; p < l->num_parts; p++) {
+        size_t n = (size_t)l->part_out[p] * l->in_features;
+        lw->part_w[p] = malloc(n * sizeof(bf16_t));
+        if (!lw->part_w[p]) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+        fill_uniform_bf16(rng, lw->part_w[p], n, -a, a);
+        memcpy(lw->W + row * l->in_features, lw->part_w[p], n * sizeof(bf16_t));
+        if (s->bias) {
+            lw->part_b[p] = malloc((size_t)l->part_out[p] * sizeof(bf16_t));
+            if (!lw->part_b[p]) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+            fill_uniform_bf16(rng, lw->part_b[p], (size_t)l->part_out[p], -0.5f, 0.5f);
+            memcpy(lw->b + row, lw->part_b[p], (size_t)l->part_out[p] * sizeof(bf16_t));
+        }
+        lw->part_name[p] = part_tensor_name(s, p);
+        row += (size_t)l->part_out[p];
+    }
+}
+
+static void free_weights(layer_weights_t *lw) {
+    for (int p = 0; p < 3; p++) {
+        free(lw->part_w[p]);
+        free(lw->part_b[p]);
+    }
+    free(lw->W);
+    free(lw->b);
+}
+
+// Rank r's weight [out_local, in_local] and bias, cut from the checkpoint tensors.
+static void load_shard(const tp_linear_t *l, const layer_weights_t *lw, bf16_t *w, bf16_t *b) {
+    for (int p = 0; p < l->num_parts; p++) {
+        MV_CHECK(tp_linear_load(l, lw->part_name[p], p, lw->part_w[p], l->part_out[p], l->in_features, w));
+        if (b && lw->part_b[p])
+            MV_CHECK(tp_linear_load_bias(l, lw->part_name[p], p, lw->part_b[p], l->part_out[p], b));
+    }
+}
+
+// A rank's input: the full x for column kinds, its column slice for row-parallel.
+static void rank_input(const tp_linear_t *l, const float *x, int M, float *x_local) {
+    int c0 = l->kind == TP_ROW ? l->tp_rank * l->in_local : 0;
+    for (int m = 0; m < M; m++)
+        memcpy(x_local + (size_t)m * l->in_local, x + (size_t)m * l->in_features + c0, sizeof(float) * l->in_local);
+}
+
+// ---- 1. and 2. the CPU half --------------------------------------------------------------
+
+static void check_hand_values(harness_t *h) {
+    // x = [1, 2]; W = [[1, 0], [0, 1], [1, 1]]; b = [0.5, 0, -1]  ->  [1.5, 2, 2]
+    float x[2] = {1, 2}, out[3];
+    float wf[6] = {1, 0, 0, 1, 1, 1}, bfl[3] = {0.5f, 0, -1};
+    bf16_t w[6], b[3];
+    float_to_bf16_array(w, wf, 6);
+    float_to_bf16_array(b, bfl, 3);
+    double expected[3] = {1.5, 2, 2};
+    MV_CHECK(linear_cpu(out, x, w, b, 1, 3, 2, 1));
+    harness_check(h, "cpu", "hand-values", "linear_cpu", "M=1 N=3 K=2",
+                  compare_f64("hand", out, expected, 3, TOL_HAND, 0), TOL_HAND);
+}
+
+static void check_f64(harness_t *h, rng_t *rng, int M, int N, int K, int with_bias) {
+    float *x = malloc(sizeof(float) * M * K), *out = malloc(sizeof(float) * M * N);
+    bf16_t *w = malloc(sizeof(bf16_t) * N * K), *b = malloc(sizeof(bf16_t) * N);
+    double *e = malloc(sizeof(double) * M * N);
+    if (!x || !out || !w || !b || !e) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_f32(rng, x, (size_t)M * K, 0, 1);
+    fill_uniform_bf16(rng, w, (size_t)N * K, -1.0f / sqrtf(K), 1.0f / sqrtf(K));
+    fill_uniform_bf16(rng, b, (size_t)N, -0.5f, 0.5f);
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double s = with_bias ? bf16_to_float(b[n]) : 0.0;
+            for (int k = 0; k < K; k++) s += (double)x[(size_t)m * K + k] * bf16_to_float(w[(size_t)n * K + k]);
+            e[(size_t)m * N + n] = s;
+        }
+    poison_host(out, sizeof(float) * M * N);
+    MV_CHECK(linear_cpu(out, x, w, with_bias ? b : NULL, M, N, K, 0));
+    char shape[64];
+    snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s", M, N, K, with_bias ? " +bias" : "");
+    harness_check(h, "cpu", "float64", "linear_cpu", shape, compare_f64("linear", out, e, (size_t)M * N, TOL_F64, 0), TOL_F64);
+    free(x); free(out); free(w); free(b); free(e);
+}
+
+// The tp simulation: each rank's shard through linear_cpu, then the
+// column outputs scattered into place and the row partials summed.
+static void simulate_tp(harness_t *h, rng_t *rng, const layer_spec_t *s, int tp, int M) {
+    layer_weights_t lw;
+    make_weights(&lw, s, rng);
+    const tp_linear_t *full = &lw.full;
+    float *x = malloc(sizeof(float) * M * full->in_features);
+    float *ref = malloc(sizeof(float) * M * full->out_features), *got = calloc((size_t)M * full->out_features, sizeof(float));
+    if (!x || !ref || !got) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_f32(rng, x, (size_t)M * full->in_features, 0, 1);
+    MV_CHECK(linear_cpu(ref, x, lw.W, lw.b, M, full->out_features, full->in_features, 0));
+
+    char shape[96], label[64];
+    snprintf(shape, sizeof shape, "tp=%d M=%d %dx%d", tp, M, full->out_features, full->in_features);
+    snprintf(label, sizeof label, "%s (%s)", s->name, tp_kind_name(s->kind));
+    tp_linear_t l;
+    if (make_layer(s, tp, 0, &l)) {
+        harness_check_bool(h, "cpu", "tp-sim", label, 0, mv_last_error());
+        goto out;
+    }
+    if (s->kind != TP_ROW) poison_host(got, sizeof(float) * M * full->out_features);
+    for (int r = 0; r < tp; r++) {
+        MV_CHECK(make_layer(s, tp, r, &l));
+        bf16_t *w = malloc(sizeof(bf16_t) * l.out_local * l.in_local), *b = malloc(sizeof(bf16_t) * l.out_local);
+        float *xl = malloc(sizeof(float) * M * l.in_local), *yl = malloc(sizeof(float) * M * l.out_local);
+        if (!w || !b || !xl || !yl) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+        load_shard(&l, &lw, w, s->bias ? b : NULL);
+        rank_input(&l, x, M, xl);
+        // Row-parallel: no bias in the partials; it is added once, after the sum.
+        MV_CHECK(linear_cpu(yl, xl, w, s->bias && s->kind != TP_ROW ? b : NULL, M, l.out_local, l.in_local, 1));
+        if (s->kind == TP_ROW)
+            for (size_t i = 0; i < (size_t)M * l.out_local; i++) got[i] += yl[i];
+        else
+            MV_CHECK(tp_linear_scatter_output(&l, yl, M, got));
+        free(w); free(b); free(xl); free(yl);
+    }
+    if (s->kind == TP_ROW && s->bias)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < full->out_features; n++) got[(size_t)m * full->out_features + n] += bf16_to_float(lw.b[n]);
+    tolerance_t tol = s->kind == TP_ROW && tp > 1 ? TOL_ROW_CPU : TOL_EXACT;
+    harness_check(h, "cpu", "tp-sim", label, shape,
+                  compare_f32(label, got, ref, (size_t)M * full->out_features, tol, 0), tol);
+out:
+    free(x); free(ref); free(got);
+    free_weights(&lw);
+}
+
+static void check_rejections(harness_t *h) {
+    tp_linear_t l;
+    char detail[320];
+    // tp = 3 does not divide Qwen3-0.6B's 16 query heads.
+    int rc = tp_linear_qkv(&l, 1024, 16, 8, 128, 3, 0);
+    snprintf(detail, sizeof detail, "tp=3, 16 heads: %s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "reject", "qkv heads % tp", rc != 0 && strstr(mv_last_error(), "num_attention_heads"), detail);
+    // tp = 16 divides 16 query heads but not 8 kv heads.
+    rc = tp_linear_qkv(&l, 1024, 16, 8, 128, 16, 0);
+    snprintf(detail, sizeof detail, "tp=16, 8 kv heads: %s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "reject", "qkv kv_heads % tp", rc != 0 && strstr(mv_last_error(), "num_key_value_heads"), detail);
+    // A k_proj of the wrong shape is an error naming the tensor.
+    MV_CHECK(tp_linear_qkv(&l, 64, 4, 2, 16, 2, 1));
+    bf16_t *w = calloc(64 * 64, sizeof(bf16_t)), *dst = calloc((size_t)l.out_local * l.in_local, sizeof(bf16_t));
+    if (!w || !dst) mv_die_at(__FILE__, __LINE__, "calloc", "out of host memory");
+    rc = tp_linear_load(&l, "model.layers.0.self_attn.k_proj.weight", 1, w, 64, 64, dst);
+    snprintf(detail, sizeof detail, "%s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "reject", "tensor shape", rc != 0 && strstr(mv_last_error(), "k_proj"), detail);
+    free(w);
+    free(dst);
+    // Row-parallel needs tp to divide in_features.
+    rc = tp_linear_row(&l, 3072, 1024, 5, 0);
+    snprintf(detail, sizeof detail, "%s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "reject", "row in % tp", rc != 0, detail);
+    // Names map to layer kinds; unknown names are refused.
+    tp_kind_t kind;
+    int part;
+    rc = tp_part_of("model.layers.27.mlp.up_proj.weight", &kind, &part);
+    harness_check_bool(h, "cpu", "names", "up_proj -> merged part 1", rc == 0 && kind == TP_MERGED_COLUMN && part == 1, "");
+    rc = tp_part_of("model.layers.0.self_attn.qq_proj.weight", &kind, &part);
+    harness_check_bool(h, "cpu", "names", "unknown projection", rc != 0, rc ? mv_last_error() : "accepted (wrong)");
+}
+
+// Qwen3-0.6B: hidden 1024, 16 q heads, 8 kv heads, head_dim 128, intermediate 3072.
+static const layer_spec_t QWEN3_LAYERS[] = {
+    {"qkv_proj", TP_QKV, 1024, 4096, {0}, 3, 16, 8, 128, 0},
+    {"o_proj", TP_ROW, 2048, 1024, {1024}, 1, 0, 0, 0, 0},
+    {"gate_up_proj", TP_MERGED_COLUMN, 1024, 6144, {3072, 3072}, 2, 0, 0, 0, 0},
+    {"down_proj", TP_ROW, 3072, 1024, {1024}, 1, 0, 0, 0, 0},
+};
+// The other kinds, and biases (Qwen3 has none; other models do).
+static const layer_spec_t OTHER_LAYERS[] = {
+    {"replicated", TP_REPLICATED, 1024, 512, {512}, 1, 0, 0, 0, 0},
+    {"column+bias", TP_COLUMN, 1024, 2048, {2048}, 1, 0, 0, 0, 1},
+    {"row+bias", TP_ROW, 2048, 1024, {1024}, 1, 0, 0, 0, 1},
+};
+// Small shapes for the CPU simulation (tp up to 8: 16 q heads, 8 kv heads).
+static const layer_spec_t SMALL_LAYERS[] = {
+    {"qkv_proj", TP_QKV, 256, 512, {0}, 3, 16, 8, 16, 0},
+    {"o_proj", TP_ROW, 256, 256, {256}, 1, 0, 0, 0, 0},
+    {"gate_up_proj", TP_MERGED_COLUMN, 256, 1024, {512, 512}, 2, 0, 0, 0, 0},
+    {"down_proj", TP_ROW, 512, 256, {256}, 1, 0, 0, 0, 0},
+    {"replicated", TP_REPLICATED, 256, 96, {96}, 1, 0, 0, 0, 0},
+    {"column+bias", TP_COLUMN, 256, 512, {512}, 1, 0, 0, 0, 1},
+    {"row+bias", TP_ROW, 512, 256, {256}, 1, 0, 0, 0, 1},
+};
+
+// ---- 3. and 4. the GPU half ------------------------------------------------------------
+#if MV_HAVE_CUDA
+// Tolerances on the GPU are built per case: their absolute part scales
+// with the output's RMS.
+static tolerance_t tol_gpu(const layer_spec_t *s, int tp, double ref_rms) {
+    if (s->kind == TP_ROW && tp > 1)
+        return (tolerance_t){4 * BF16_HALF_ULP * ref_rms, BF16_HALF_ULP, (tp + 1) * BF16_HALF_ULP * BF16_HALF_ULP,
+            "each rank's partial sum is rounded to bf16 before the all-reduce (as vLLM does), so "
+            "the error scales with the partials (about the output's RMS, up to 4 sigma), not with "
+            "each output: atol = 4 * 2^-8 * RMS(ref); tp + 1 roundings bound the NMSE"};
+    return (tolerance_t){1e-5 * ref_rms + 1e-6, BF16_HALF_ULP + 1e-5, BF16_HALF_ULP * BF16_HALF_ULP * 1.01,
+        "bf16 output: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
+        "the CPU's by ~sqrt(K) * 2^-24 * sum|x*w|, far below that"};
+}
+
+typedef struct {
+    tp_group_t *g;
+    int rank;
+    tp_linear_t l;
+    bf16_t *d_x, *d_w, *d_b, *d_y;  // on the rank's device
+    int M;
+} rank_buf_t;
+
+// Run one layer on every rank of g at M tokens and check each rank.
+// Rows [0, M) of x are random; the CPU reference covers rows check_rows
+// (every row, or a sample for large M).
+static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, const layer_weights_t *lw,
+                          const bf16_t *x_bf, const float *x_f, int M, const float *ref, const int *rows, int n_rows,
+                          const char *mode) {
+    int tp = g->size;
+    rank_buf_t rb[TP_GROUP_MAX];
+    bf16_t *outs[TP_GROUP_MAX];
+    (void)x_f;
+    for (int r = 0; r < tp; r++) {
+        rank_buf_t *b = &rb[r];
+        b->g = g;
+        b->rank = r;
+        b->M = M;
+        MV_CHECK(make_layer(s, tp, r, &b->l));
+        size_t nw = (size_t)b->l.out_local * b->l.in_local;
+        bf16_t *w = malloc(nw * sizeof(bf16_t)), *bias = malloc((size_t)b->l.out_local * sizeof(bf16_t));
+        bf16_t *xl = malloc((size_t)M * b->l.in_local * sizeof(bf16_t));
+        if (!w || !bias || !xl) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+        load_shard(&b->l, lw, w, s->bias ? bias : NULL);
+        int c0 = b->l.kind == TP_ROW ? r * b->l.in_local : 0;
+        for (int m = 0; m < M; m++)
+            memcpy(xl + (size_t)m * b->l.in_local, x_bf + (size_t)m * b->l.in_features + c0, b->l.in_local * sizeof(bf16_t));
+        MV_CHECK(tp_set_rank(g, r));
+        b->d_w = gpu_alloc(nw * sizeof(bf16_t));
+        b->d_b = s->bias ? gpu_alloc((size_t)b->l.out_local * sizeof(bf16_t)) : NULL;
+        b->d_x = gpu_alloc((size_t)M * b->l.in_local * sizeof(bf16_t));
+        b->d_y = gpu_alloc((size_t)M * b->l.out_local * sizeof(bf16_t));
+        gpu_upload(b->d_w, w, nw * sizeof(bf16_t));
+        if (s->bias) gpu_upload(b->d_b, bias, (size_t)b->l.out_local * sizeof(bf16_t));
+        gpu_upload(b->d_x, xl, (size_t)M * b->l.in_local * sizeof(bf16_t));
+        gpu_poison(b->d_y, (size_t)M * b->l.out_local * sizeof(bf16_t));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        free(w); free(bias); free(xl);
+    }
+    // The layer: GEMM on every rank; row-parallel then all-reduces and adds the bias once.
+    for (int r = 0; r < tp; r++) {
+        MV_CHECK(tp_set_rank(g, r));
+        const bf16_t *bias = s->kind == TP_ROW ? NULL : rb[r].d_b;
+        MV_CHECK(linear_cuda(g->cublas[r], rb[r].d_y, rb[r].d_x, rb[r].d_w, bias, M, rb[r].l.out_local,
+                             rb[r].l.in_local, g->streams[r]));
+        outs[r] = rb[r].d_y;
+    }
+    if (s->kind == TP_ROW && tp > 1) MV_CHECK(tp_all_reduce_bf16(g, outs, (size_t)M * rb[0].l.out_local));
+    if (s->kind == TP_ROW && s->bias)
+        for (int r = 0; r < tp; r++) {
+            MV_CHECK(tp_set_rank(g, r));
+            MV_CHECK(add_bias_cuda(rb[r].d_y, rb[r].d_b, M, rb[r].l.out_local, g->streams[r]));
+        }
+    MV_CHECK(tp_sync(g));
+
+    // Check each rank: its output columns against the same columns of the reference.
+    int N = lw->full.out_features;
+    double ss = 0;
+    for (int i = 0; i < n_rows; i++)
+        for (int n = 0; n < N; n++) ss += (double)ref[(size_t)i * N + n] * ref[(size_t)i * N + n];
+    double rms = sqrt(ss / ((double)n_rows * N));
+    tolerance_t tol = tol_gpu(s, tp, rms);
+    for (int r = 0; r < tp; r++) {
+        const tp_linear_t *l = &rb[r].l;
+        bf16_t *y = malloc((size_t)M * l->out_local * sizeof(bf16_t)), *got = malloc((size_t)n_rows * l->out_local * sizeof(bf16_t));
+        float *want = malloc((size_t)n_rows * l->out_local * sizeof(float));
+        if (!y || !got || !want) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+        MV_CHECK(tp_set_rank(g, r));
+        gpu_download(y, rb[r].d_y, (size_t)M * l->out_local * sizeof(bf16_t));
+        tp_segment_t seg[TP_MAX_PARTS];
+        int ns = tp_linear_segments(l, seg);
+        for (int i = 0; i < n_rows; i++) {
+            memcpy(got + (size_t)i * l->out_local, y + (size_t)rows[i] * l->out_local, l->out_local * sizeof(bf16_t));
+            for (int k = 0; k < ns; k++)
+                memcpy(want + (size_t)i * l->out_local + seg[k].local_offset, ref + (size_t)i * N + seg[k].full_offset,
+                       seg[k].count * sizeof(float));
+        }
+        char label[96], shape[96];
+        snprintf(label, sizeof label, "%s %s rank %d/%d", s->name, mode, r, tp);
+        snprintf(shape, sizeof shape, "M=%d %dx%d%s", M, N, lw->full.in_features, n_rows < M ? " (rows sampled)" : "");
+        harness_check(h, "gpu", tp_kind_name(s->kind), label, shape,
+                      compare_bf16(label, got, want, (size_t)n_rows * l->out_local, tol, 0), tol);
+        free(y); free(got); free(want);
+    }
+    for (int r = 0; r < tp; r++) {
+        MV_CHECK(tp_set_rank(g, r));
+        gpu_free(rb[r].d_w); gpu_free(rb[r].d_b); gpu_free(rb[r].d_x); gpu_free(rb[r].d_y);
+    }
+    MV_CHECK(tp_set_rank(g, 0));
+}
+
+// One layer at one M: random x, the CPU reference on the checked rows, then
+// every group (real and/or simulated).
+static void check_layer(harness_t *h, rng_t *rng, const layer_spec_t *s, int M, tp_group_t **groups,
+                        const char **modes, int n_groups) {
+    layer_weights_t lw;
+    make_weights(&lw, s, rng);
+    int K = lw.full.in_features, N = lw.full.out_features;
+    bf16_t *x = malloc((size_t)M * K * sizeof(bf16_t));
+    float *xf = malloc((size_t)M * K * sizeof(float));
+    if (!x || !xf) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_bf16(rng, x, (size_t)M * K, 0, 1);
+    bf16_to_float_array(xf, x, (size_t)M * K);
+    // Large M: a sample of rows (first, last, and a stride between) keeps the
+    // CPU reference to seconds; every row is still computed on the GPU.
+    int stride = M >= 16384 ? 32 : M >= 4096 ? 8 : 1;
+    int n_rows = 0, *rows = malloc(sizeof(int) * (size_t)(M / stride + 2));
+    float *xs = malloc((size_t)(M / stride + 2) * K * sizeof(float));
+    float *ref = malloc((size_t)(M / stride + 2) * N * sizeof(float));
+    if (!rows || !xs || !ref) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    int last = 0;
+    for (int m = 0; m < M; m += stride) rows[n_rows++] = last = m;
+    if (last != M - 1) rows[n_rows++] = M - 1;
+    for (int i = 0; i < n_rows; i++) memcpy(xs + (size_t)i * K, xf + (size_t)rows[i] * K, K * sizeof(float));
+    MV_CHECK(linear_cpu(ref, xs, lw.W, lw.b, n_rows, N, K, 0));
+    for (int gi = 0; gi < n_groups; gi++) {
+        // A layer whose shapes the group's tp does not divide is skipped, and said so.
+        tp_linear_t probe;
+        if (make_layer(s, groups[gi]->size, 0, &probe)) {
+            char detail[300];
+            snprintf(detail, sizeof detail, "skipped: %s", mv_last_error());
+            harness_check_bool(h, "gpu", tp_kind_name(s->kind), s->name, 1, detail);
+            continue;
+        }
+        run_and_check(h, groups[gi], s, &lw, x, xf, M, ref, rows, n_rows, modes[gi]);
+    }
+    free(x); free(xf); free(rows); free(xs); free(ref);
+    free_weights(&lw);
+}
+
+typedef struct {
+    cublasHandle_t handle;
+    bf16_t *d_y, *d_x, *d_w;
+    int M, N, K;
+} gemm_ctx_t;
+
+static int run_gemm(void *p, cudaStream_t s) {
+    gemm_ctx_t *c = p;
+    return linear_cuda(c->handle, c->d_y, c->d_x, c->d_w, NULL, c->M, c->N, c->K, s);
+}
+
+// Time one GEMM of rank 0's shard (tp = 1: the whole layer) on GPU 0.
+static void time_gemm(harness_t *h, cublasHandle_t handle, rng_t *rng, const char *case_name, const char *label,
+                      int M, int N, int K) {
+    gemm_ctx_t c = {handle, NULL, NULL, NULL, M, N, K};
+    size_t nx = (size_t)M * K, nw = (size_t)N * K;
+    bf16_t *hx = malloc((nx > nw ? nx : nw) * sizeof(bf16_t));
+    if (!hx) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    c.d_x = gpu_alloc(nx * sizeof(bf16_t));
+    c.d_w = gpu_alloc(nw * sizeof(bf16_t));
+    c.d_y = gpu_alloc((size_t)M * N * sizeof(bf16_t));
+    fill_normal_bf16(rng, hx, nx, 0, 1);
+    gpu_upload(c.d_x, hx, nx * sizeof(bf16_t));
+    fill_uniform_bf16(rng, hx, nw, -0.03f, 0.03f);
+    gpu_upload(c.d_w, hx, nw * sizeof(bf16_t));
+    free(hx);
+    timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
+    double ms = gpu_time_ms(run_gemm, &c, opts);
+    char shape[64];
+    snprintf(shape, sizeof shape, "M=%d N=%d K=%d", M, N, K);
+    // Bytes: the weight read once, x read, y written. FLOPs: 2*M*N*K.
+    double bytes = 2.0 * ((double)N * K + (double)M * K + (double)M * N);
+    harness_timing(h, case_name, label, shape, ms, bytes, 2.0 * M * N * K, 0);
+    gpu_free(c.d_x); gpu_free(c.d_w); gpu_free(c.d_y);
+}
+
+typedef struct {
+    bf16_t *bufs[TP_GROUP_MAX];
+    size_t count;
+} allreduce_ctx_t;
+
+static int run_all_reduce(tp_group_t *g, void *p) {
+    allreduce_ctx_t *c = p;
+    return tp_all_reduce_bf16(g, c->bufs, c->count);
+}
+
+// The all-reduce of [M, hidden] bf16 over the real group. Bus bandwidth =
+// data * 2(n-1)/n / time, NCCL's own measure: what each link carries in a
+// ring all-reduce, comparable across GPU counts.
+static void time_all_reduce(harness_t *h, tp_group_t *g, int M, int hidden) {
+    allreduce_ctx_t c = {{0}, (size_t)M * hidden};
+    for (int r = 0; r < g->size; r++) {
+        MV_CHECK(tp_set_rank(g, r));
+        c.bufs[r] = gpu_alloc(c.count * sizeof(bf16_t));
+        CUDA_CHECK(cudaMemset(c.bufs[r], 0x3c, c.count * sizeof(bf16_t)));  // 0x3c3c = 0.0115: finite, not zero
+    }
+    double ms = tp_time_ms(g, run_all_reduce, &c, 5, h->quick ? 10 : 50);
+    double bus_bytes = c.count * sizeof(bf16_t) * 2.0 * (g->size - 1) / g->size;
+    char shape[64], label[64];
+    snprintf(shape, sizeof shape, "M=%d x %d bf16", M, hidden);
+    snprintf(label, sizeof label, "nccl all-reduce, %d GPUs (busbw)", g->size);
+    harness_timing(h, "all-reduce", label, shape, ms, bus_bytes, 0, 0);
+    for (int r = 0; r < g->size; r++) {
+        MV_CHECK(tp_set_rank(g, r));
+        gpu_free(c.bufs[r]);
+    }
+    MV_CHECK(tp_set_rank(g, 0));
+}
+#endif
+
+int main(int argc, char **argv) {
+    harness_t h;
+    harness_begin(&h, "03-linear-tp",
+                  "tensor-parallel linear layers (replicated, column, merged, QKV, row) over cuBLAS and NCCL",
+                  argc, argv);
+    rng_t rng;
+    rng_seed(&rng, h.seed);
+
+    harness_section(&h, "CPU reference GEMM against hand-computed values and float64");
+    check_hand_values(&h);
+    check_f64(&h, &rng, 3, 5, 7, 0);
+    check_f64(&h, &rng, 17, 33, 100, 1);
+    check_f64(&h, &rng, 9, 70, 1024, 0);
+
+    harness_section(&h, "CPU simulation of tp = 1, 2, 4, 8: shards reassembled equal the unsharded layer");
+    int tps[] = {1, 2, 4, 8};
+    for (size_t i = 0; i < sizeof SMALL_LAYERS / sizeof SMALL_LAYERS[0]; i++)
+        for (int t = 0; t < 4; t++) simulate_tp(&h, &rng, &SMALL_LAYERS[i], tps[t], 5);
+    check_rejections(&h);
+
+#if MV_HAVE_CUDA
+    if (h.use_gpu) {
+        // Groups: real tp over every visible GPU (NCCL), or tp = 1 plus a
+        // simulated tp = 2 on one GPU.
+        tp_group_t real = {0}, one = {0}, sim2 = {0};
+        tp_group_t *groups[2];
+        const char *modes[2];
+        int n_groups = 0, multi = h.gpu.device_count >= 2 && MV_HAVE_NCCL;
+        if (multi) {
+            int n = h.gpu.device_count > TP_GROUP_MAX ? TP_GROUP_MAX : h.gpu.device_count;
+            MV_CHECK(tp_group_init(&real, n));
+            groups[n_groups] = &real;
+            modes[n_groups++] = "nccl";
+        } else {
+            MV_CHECK(tp_group_init_simulated(&one, 1));
+            MV_CHECK(tp_group_init_simulated(&sim2, 2));
+            groups[n_groups] = &one;
+            modes[n_groups++] = "1gpu";
+            groups[n_groups] = &sim2;
+            modes[n_groups++] = "2 shards on 1 gpu";
+        }
+        harness_section(&h, multi ? "GPU: tp = number of GPUs over NCCL, every rank against the CPU"
+                                  : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
+        int check_M[] = {1, 7, 64, 256};
+        for (size_t i = 0; i < 4; i++)
+            for (int k = 0; k < 4; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], check_M[k], groups, modes, n_groups);
+        for (size_t i = 0; i < 3; i++)
+            for (int k = 0; k < 4; k += 3) check_layer(&h, &rng, &OTHER_LAYERS[i], check_M[k], groups, modes, n_groups);
+        if (h.do_timing) {
+            int big_M[] = {4096, 16384};
+            for (size_t i = 0; i < 4; i++)
+                for (int k = 0; k < 2; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], big_M[k], groups, modes, n_groups);
+
+            harness_section(&h, "Timing on GPU 0: Qwen3-0.6B projections, whole (tp = 1) and one tp = 2 shard");
+            int time_M[] = {1, 8, 64, 256, 4096, 16384};
+            cublasHandle_t handle;
+            CUBLAS_CHECK(cublasCreate(&handle));
+            for (size_t i = 0; i < 4; i++) {
+                const layer_spec_t *s = &QWEN3_LAYERS[i];
+                tp_linear_t l1, l2;
+                MV_CHECK(make_layer(s, 1, 0, &l1));
+                MV_CHECK(make_layer(s, 2, 0, &l2));
+                char label[64];
+                for (int k = 0; k < 6; k++) {
+                    snprintf(label, sizeof label, "%s tp=1", s->name);
+                    time_gemm(&h, handle, &rng, "gemm", label, time_M[k], l1.out_local, l1.in_local);
+                    snprintf(label, sizeof label, "%s tp=2 rank shard", s->name);
+                    time_gemm(&h, handle, &rng, "gemm", label, time_M[k], l2.out_local, l2.in_local);
+                }
+            }
+            CUBLAS_CHECK(cublasDestroy(handle));
+            if (multi) {
+                harness_section(&h, "NCCL all-reduce of hidden-size activations");
+                for (int k = 0; k < 6; k++) time_all_reduce(&h, &real, time_M[k], 1024);
+            }
+        }
+        if (multi) tp_group_destroy(&real);
+        else {
+            tp_group_destroy(&one);
+            tp_group_destroy(&sim2);
+        }
+    }
+#endif
+    return harness_end(&h);
+}
