@@ -3,8 +3,10 @@
  *
  *   linear_cuda:   out [M, N] bf16 = x [M, K] bf16 @ W [N, K]^T (+ bias [N])
  *                  through cuBLAS: bf16 inputs, fp32 accumulation, bf16 output.
- *   add_bias_cuda: out [M, N] += bias [N] (row-parallel layers add it once,
- *                  after the all-reduce).
+ *                  With a bias the sum is rounded to bf16 once (the GEMM
+ *                  accumulates onto the broadcast bias).
+ *   add_bias_cuda: out [M, N] += bias [N] (row-parallel layers with tp > 1 add
+ *                  it once, after the all-reduce).
  *
  * W is stored as Hugging Face stores it, [out_features, in_features]
  * row-major. cuBLAS is column-major, so the row-major product
