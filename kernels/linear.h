@@ -4,7 +4,8 @@
  *   linear_cuda:   out [M, N] bf16 = x [M, K] bf16 @ W [N, K]^T (+ bias [N])
  *                  through cuBLAS: bf16 inputs, fp32 accumulation, bf16 output.
  *                  With a bias the sum is rounded to bf16 once (the GEMM
- *                  accumulates onto the broadcast bias).
+ *                  writes fp32 to a stream-ordered workspace; one kernel adds
+ *                  the bias and rounds).
  *   add_bias_cuda: out [M, N] += bias [N] (row-parallel layers with tp > 1 add
  *                  it once, after the all-reduce).
  *

@@ -268,13 +268,6 @@ rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int h
 // head, 4 or 8 heads per warp, a divide per head): 42% of copy on
 // contiguous Qwen3 q heads, because a 256-byte head carried as many
 // instructions as a 2 KB row.
-template <int LANES>
-__device__ __forceinline__ float group_sum(float v, unsigned mask) {
-#pragma unroll
-    for (int offset = LANES / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(mask, v, offset);
-    return v;
-}
-
 template <int VEC, int LANES, int CACHE, int TOK>
 __global__ void __launch_bounds__(1024)
 rmsnorm_heads_kernel_v3(bf16 *out, long long out_stride, const bf16 *x, long long x_stride,
@@ -328,7 +321,7 @@ rmsnorm_heads_kernel_v3(bf16 *out, long long out_stride, const bf16 *x, long lon
                 sum_sq += f * f;
             }
         }
-        const float inv_rms = rsqrtf(group_sum<LANES>(sum_sq, mask) / (float)D + eps);
+        const float inv_rms = group_inv_rms<LANES>(sum_sq, mask, D, eps);
 #pragma unroll
         for (int c = 0; c < CACHE; c++) {
             int i = lane + c * LANES;

@@ -87,13 +87,16 @@ def render_sanitizer(chapter):
     if not os.path.exists(path):
         return "compute-sanitizer: not run.\n"
     out = ["| tool | exit status | summary |", "| --- | --- | --- |"]
+    notes = []
     for line in open(path).read().splitlines():
         m = re.match(r"(\S+) (\w+) rc=(\d+) =+ (.*)", line)
         if m:
             out.append(f"| {m.group(2)} | {m.group(3)} | {m.group(4)} |")
+        elif line.startswith("# "):
+            notes.append(line[2:])
     cmd = ("`compute-sanitizer --tool memcheck|racecheck ./build/" + chapter +
            " --checks-only --summary` (every check, no timing), from `bash tests/gpu/run.sh`:")
-    return cmd + "\n\n" + "\n".join(out) + "\n"
+    return cmd + "\n\n" + "\n".join(out) + "\n" + "".join(f"\n{n}\n" for n in notes)
 
 
 def render_tolerance_reasons(d):

@@ -71,17 +71,6 @@ for c in "${chapters[@]}"; do
     echo "$c $tool rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)" | tee -a "$OUT/sanitizer.txt"
     [ $rc -ne 0 ] && grep -E "Race reported|Invalid|Error" "$log" | sort | uniq -c | sort -rn | head -8
     rm -f "$log"
-    # cuBLAS's own Hopper GEMM kernels (nvjet_*) trip racecheck; check the
-    # lab's kernels with them left out, and say so in the verdict line.
-    if [ $tool = racecheck ] && [ $rc -ne 0 ]; then
-      log=$(mktemp)
-      CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool racecheck --kernel-name-exclude kns=nvjet --error-exitcode 99 \
-        ./build/$c --checks-only --summary > "$log" 2>&1
-      rc=$?
-      echo "$c racecheck-without-cublas-nvjet rc=$rc $(grep -E 'RACECHECK SUMMARY' "$log" | tail -1)" | tee -a "$OUT/sanitizer.txt"
-      [ $rc -ne 0 ] && tail -5 "$log"
-      rm -f "$log"
-    fi
   done
 done
 
