@@ -14,6 +14,11 @@
 #                            (the GPU machine, which has no package registry)
 
 BUILD      ?= build
+# The real Qwen3 tokenizer and config (no weights) for the tests that need
+# them: the lab's shared folder beside the checkout when it is there. CI sets
+# it too; without it those tests print SKIP.
+MV_QWEN3_DIR ?= $(abspath $(wildcard ../shared/models/qwen3-0.6b))
+export MV_QWEN3_DIR
 CUDA_HOME  ?= /usr/local/cuda
 CUDA_ARCH  ?= 80 86 89 90
 SANITIZE   ?= 0
