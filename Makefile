@@ -164,8 +164,8 @@ test: deps-test
 test-unit: $(TEST_BINS)
 	@status=0; for t in $(TEST_BINS); do echo "== $$t"; ./$$t --jobs=2 || status=1; done; exit $$status
 
-# tests/test_tokenizer.c runs the engine's program, so it must be built first.
-test-unit: $(BUILD)/minivllm
+# tests/test_tokenizer.c and tests/test_cli.c run the programs, so they are built first.
+test-unit: $(CHAPTER_BINS)
 
 test-chapters: $(CHAPTER_BINS)
 	@echo "== chapters in CPU mode"
