@@ -4,8 +4,9 @@
  * Napkin math, Qwen3-0.6B gate_up (N = 6144, K = 1024): the weight is
  * 12.6 MB. At M = 1 (one decode token) the layer does 12.6 MFLOP and must
  * read 12.6 MB: 1 FLOP per byte, memory-bound, ~3 us at 4.2 TB/s. At
- * M = 4096 it does 51.5 GFLOP over ~75 MB: compute-bound, ~65 us at 790
- * TFLOP/s. The crossover is near M = 200 (206 FLOP/byte on an H200).
+ * M = 4096 it does 51.5 GFLOP over ~71 MB: compute-bound, ~65 us at 790
+ * TFLOP/s. The crossover is near M = 200 (the measured ceilings, ~790
+ * TFLOP/s over ~4.2 TB/s, give ~190 FLOP per byte on an H200).
  */
 #include "kernels/linear.h"
 
