@@ -262,6 +262,7 @@ static void check_rejections(harness_t *h) {
     harness_check_bool(h, "cpu", "names", "unknown projection", rc != 0, rc ? mv_last_error() : "accepted (wrong)");
 }
 
+#if MV_HAVE_CUDA  // only the GPU half uses these (a CPU-only build would warn they are unused)
 // Qwen3-0.6B: hidden 1024, 16 q heads, 8 kv heads, head_dim 128, intermediate 3072.
 static const layer_spec_t QWEN3_LAYERS[] = {
     {"qkv_proj", TP_QKV, 1024, 4096, {0}, 3, 16, 8, 128, 0},
@@ -275,6 +276,7 @@ static const layer_spec_t OTHER_LAYERS[] = {
     {"column+bias", TP_COLUMN, 1024, 2048, {2048}, 1, 0, 0, 0, 1},
     {"row+bias", TP_ROW, 2048, 1024, {1024}, 1, 0, 0, 0, 1},
 };
+#endif
 // Small shapes for the CPU simulation (tp up to 8: 16 q heads, 8 kv heads).
 static const layer_spec_t SMALL_LAYERS[] = {
     {"qkv_proj", TP_QKV, 256, 512, {0}, 3, 16, 8, 16, 0},
