@@ -433,18 +433,6 @@ static void describe(const rcase_t *c, char *shape, size_t n) {
 // shapes, and the positions; so the GB/s are slightly conservative.)
 static double bytes_moved(const rcase_t *c) { return (double)c->T * (c->H + c->Hkv) * c->D * 2 * 2; }
 
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t pitch, width, height;  // bytes, bytes, rows
-} copy2d_ctx_t;
-
-static int copy2d(void *p, cudaStream_t s) {
-    copy2d_ctx_t *c = p;
-    return CUDA_TRY(cudaMemcpy2DAsync(c->dst, c->pitch, c->src, c->pitch, c->width, c->height,
-                                      cudaMemcpyDeviceToDevice, s));
-}
-
 // Which tokens the CPU checks: all of them, or for large T a sample (the
 // first and last 64, and every 61st: a stride prime to any block shape).
 static int pick_tokens(int T, int *tok) {
@@ -580,9 +568,9 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, rcas
         // row, 3/4 of it for Qwen3), so the strided layout's own cost is
         // seen apart from the kernel's.
         bf16_t *dst = gpu_alloc(n * 2);
-        copy2d_ctx_t cp = {dst, r.d_buf, row * 2, (size_t)(c.H + c.Hkv) * D * 2, (size_t)c.T};
+        gpu_copy2d_t cp = {dst, r.d_buf, row * 2, (size_t)(c.H + c.Hkv) * D * 2, (size_t)c.T};
         timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
-        double ms = gpu_time_ms(copy2d, &cp, opts);
+        double ms = gpu_time_ms(gpu_copy2d, &cp, opts);
         harness_timing(h, case_name, "cudaMemcpy2D same region", shape, ms, bytes_moved(&c), 0, 0);
         gpu_free(dst);
     }

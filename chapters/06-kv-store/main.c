@@ -381,18 +381,6 @@ static void check_steps(harness_t *h, rng_t *rng, kcase_t c) {
     gpu_free(d_kc); gpu_free(d_vc);
 }
 
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t pitch, width, height;  // bytes, bytes, rows
-} copy2d_ctx_t;
-
-static int copy2d(void *p, cudaStream_t s) {
-    copy2d_ctx_t *c = p;
-    return CUDA_TRY(cudaMemcpy2DAsync(c->dst, c->pitch, c->src, c->pitch, c->width, c->height,
-                                      cudaMemcpyDeviceToDevice, s));
-}
-
 // One step of T tokens of fresh sequences: consecutive tokens fill blocks
 // taken in random order (a large prefill), every token stored. Checked bit
 // for bit, then timed.
@@ -454,9 +442,9 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, kcas
         // The same bytes read from the same place: cudaMemcpy2D of the k and
         // v columns of the QKV rows (half of each row for Qwen3's shape).
         bf16_t *dst = gpu_alloc((size_t)T * 4 * row * 2);
-        copy2d_ctx_t cp = {dst, r.d_k, (size_t)4 * row * 2, (size_t)2 * row * 2, (size_t)T};
+        gpu_copy2d_t cp = {dst, r.d_k, (size_t)4 * row * 2, (size_t)2 * row * 2, (size_t)T};
         timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
-        double ms = gpu_time_ms(copy2d, &cp, opts);
+        double ms = gpu_time_ms(gpu_copy2d, &cp, opts);
         harness_timing(h, case_name, "cudaMemcpy2D same region", shape, ms, bytes, 0, 0);
         gpu_free(dst);
     }
