@@ -130,6 +130,12 @@ double gpu_time_ms(gpu_work_fn fn, void *ctx, timing_opts_t opts) {
     return median;
 }
 
+int gpu_copy2d(void *ctx, cudaStream_t stream) {
+    const gpu_copy2d_t *c = ctx;
+    return CUDA_TRY(cudaMemcpy2DAsync(c->dst, c->pitch, c->src, c->pitch, c->width, c->height,
+                                      cudaMemcpyDeviceToDevice, stream));
+}
+
 // ---- ceilings ---------------------------------------------------------------
 
 typedef struct {

@@ -77,6 +77,16 @@ typedef struct {
 
 // Median time in ms of one run of `fn`. Dies if a run fails.
 double gpu_time_ms(gpu_work_fn fn, void *ctx, timing_opts_t opts);
+
+// A device-to-device cudaMemcpy2D as timed work (ctx: gpu_copy2d_t): the
+// ceiling of a strided access pattern, e.g. the q/k or k/v columns of
+// QKV rows, timed beside a kernel that reads and writes that region.
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t pitch, width, height;  // bytes between rows (both sides), bytes per row, rows
+} gpu_copy2d_t;
+int gpu_copy2d(void *ctx, cudaStream_t stream);
 #endif
 
 #ifdef __cplusplus

@@ -203,18 +203,6 @@ static double bytes_moved(const case_t *c) {
     return (double)c->T * (c->on_k ? c->Hkv : c->H) * c->D * 2 * 2;
 }
 
-typedef struct {
-    void *dst;
-    const void *src;
-    size_t pitch, width, height;  // bytes, bytes, rows
-} copy2d_ctx_t;
-
-static int copy2d(void *p, cudaStream_t s) {
-    copy2d_ctx_t *c = p;
-    return CUDA_TRY(cudaMemcpy2DAsync(c->dst, c->pitch, c->src, c->pitch, c->width, c->height,
-                                      cudaMemcpyDeviceToDevice, s));
-}
-
 static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, case_t c, int do_time,
                            double target_pct) {
     int heads = c.form == FORM_HEADS;
@@ -296,10 +284,10 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, case
         // strided region the kernel reads and writes (q or k part of each
         // QKV row), so the strided layout's own cost is seen apart from
         // the kernel's.
-        copy2d_ctx_t cp = {out_base, r.d_x + (c.on_k ? c.H * c.D : 0), (size_t)row_len(&c) * 2,
+        gpu_copy2d_t cp = {out_base, r.d_x + (c.on_k ? c.H * c.D : 0), (size_t)row_len(&c) * 2,
                            (size_t)(c.on_k ? c.Hkv : c.H) * c.D * 2, (size_t)c.T};
         timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
-        double ms = gpu_time_ms(copy2d, &cp, opts);
+        double ms = gpu_time_ms(gpu_copy2d, &cp, opts);
         harness_timing(h, case_name, "cudaMemcpy2D same region", shape, ms, bytes_moved(&c), 0, 0);
     }
     gpu_free(x_base); gpu_free(out_base); gpu_free(res_base); gpu_free(w_base);

@@ -41,7 +41,7 @@ make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 || { echo "BUILD FAILED"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
 # Are the fast kernels' loads and stores 16 bytes wide? (LDG.E.128 / STG.E.128)
-for k in activation rmsnorm embedding; do
+for k in activation rmsnorm embedding rope kv_store; do
   o=build/obj/kernels/$k.cu.o
   [ -f "$o" ] && echo "sass $k: $(cuobjdump -sass "$o" | grep -cE 'LDG.E.128') LDG.E.128, $(cuobjdump -sass "$o" | grep -cE 'STG.E.128') STG.E.128, $(cuobjdump -sass "$o" | grep -cE 'LDL|STL') local-memory ops"
 done

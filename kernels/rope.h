@@ -1,0 +1,75 @@
+/*
+ * kernels/rope.h - CUDA rotary position embedding (RoPE), and Qwen3's
+ * q_norm/k_norm fused with it, callable from C.
+ *
+ *   rope_cuda:         q [T, num_heads, D] and k [T, num_kv_heads, D] (any
+ *                      row strides: views into the QKV projection output)
+ *                      rotated in place by positions [T] (int32, device).
+ *   qk_norm_rope_cuda: on the QKV output qkv [T, (H + 2*Hkv) * D] itself:
+ *                      each q head RMS-normalised over D with q_norm_w [D],
+ *                      each k head with k_norm_w [D], then rotated; one
+ *                      read and one write of q and k; v untouched.
+ * bf16 in and out, fp32 math, one rounding per output (see reference/rope.h
+ * for how this differs from Hugging Face's bf16 arithmetic).
+ *
+ * Positions must be checked on the host first with rope_validate_positions()
+ * (reference/rope.h): a launcher cannot read device memory. A position that
+ * slips through anyway stops the kernel with a trap (the next CUDA call
+ * fails with "unspecified launch failure") rather than reading outside
+ * the cache.
+ *
+ * Versions (both functions):
+ *   1  naive: rope_cuda one thread per (token, head, pair); the fused one
+ *            thread per (token, head), which sums the squares of its head
+ *            and then rotates it. Written for reading.
+ *   2  fast:  a group of LANES threads per head, each thread holding a
+ *            16-byte vector of the first half and the matching one of the
+ *            second half, for HPT heads of one token at once: all their
+ *            loads issued before any is used, and the token's cos/sin
+ *            loaded once for all HPT heads. The fused kernel reduces the sum
+ *            of squares over the group with group_inv_rms (kernels/rmsnorm.cuh).
+ */
+#ifndef MV_KERNELS_ROPE_H
+#define MV_KERNELS_ROPE_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "common/bf16.h"
+#include "reference/rope.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ROPE_NUM_VERSIONS 2
+#define ROPE_FAST 2  // the version the engine uses
+
+// The cos/sin cache on the device: a copy of the host cache that
+// rope_cache_build() (reference/rope.c) made, so the math exists once.
+typedef struct {
+    float *d_cos_sin;  // [max_position, head_dim] fp32, rows as in rope_cache_t
+    int max_position;
+    int head_dim;
+} rope_cache_gpu_t;
+
+int rope_cache_upload(rope_cache_gpu_t *d_cache, const rope_cache_t *host_cache);
+void rope_cache_gpu_free(rope_cache_gpu_t *d_cache);
+
+const char *rope_version_name(int version);
+const char *qk_norm_rope_version_name(int version);
+
+// q and k must not overlap. d_positions [T] int32 on the device.
+int rope_cuda(int version, bf16_t *d_q, long long q_stride, bf16_t *d_k, long long k_stride,
+              const int32_t *d_positions, const rope_cache_gpu_t *cache, int T, int num_heads,
+              int num_kv_heads, int head_dim, cudaStream_t stream);
+
+// d_qkv [T, (num_heads + 2*num_kv_heads) * head_dim]; weights [head_dim].
+int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_norm_w, const bf16_t *d_k_norm_w,
+                      const int32_t *d_positions, const rope_cache_gpu_t *cache, int T, int num_heads,
+                      int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
