@@ -19,12 +19,12 @@
  * <rope(q, m), rope(k, n)> depends on m - n only: attention scores see
  * relative position, though each vector carries its absolute one.
  *
- * Numbers, and how they differ from Hugging Face (HF) and vLLM:
+ * Numbers, and how they differ from Hugging Face (HF), vLLM and nano-vllm:
  *  - inv_freq is computed in fp32 as HF does (theta^(2i/D) in fp32, then
  *    the reciprocal); with llama3 scaling HF's _compute_llama3_parameters
  *    rule is followed in fp32, in HF's order of operations.
  *  - The cos/sin cache is fp32 [max_position, D]: row p holds
- *    cos(p * inv_freq[0..D/2)) then sin(...) (vLLM's layout). The angle is
+ *    cos(p * inv_freq[0..D/2)) then sin(...) (vLLM's cos_sin_cache layout). The angle is
  *    the fp32 product p * inv_freq[i], exactly as HF forms it (its matmul of
  *    inv_freq by positions has one term); its cosine and sine are taken in
  *    double and rounded once to float. At p = 40959 that fp32 angle is up
@@ -32,8 +32,9 @@
  *    implementation's) position encoding, and we match it, not the ideal.
  *  - Rotation: HF casts cos/sin to the activations' dtype (bf16) and
  *    computes q*cos + rotate_half(q)*sin in bf16, rounding after each
- *    operation; vLLM computes in fp32 from the bf16 inputs and rounds once.
- *    We do as vLLM: fp32 math, one rounding of the output to bf16 (in the
+ *    operation (vLLM's CUDA kernel also keeps cos/sin in the model's dtype);
+ *    nano-vllm computes in fp32 from the bf16 inputs and rounds once.
+ *    We do as nano-vllm: fp32 math, one rounding of the output to bf16 (in the
  *    kernels; this reference is fp32 in, fp32 out). The difference from HF
  *    is a few bf16 ulps on some elements, not a change of the rule.
  *

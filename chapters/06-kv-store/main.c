@@ -304,8 +304,12 @@ static bf16_t *upload_kv(const kcase_t *c, int T, const bf16_t *h_k, const bf16_
         r->k_stride = r->v_stride = (long long)qkv_row;
         return buf;
     }
-    bf16_t *buf = gpu_alloc((2 * (size_t)T * row + 2) * 2);
-    bf16_t *k = buf + c->misalign, *v = buf + (size_t)T * row + 1 + c->misalign;
+    // v starts 8 elements (16 bytes) after k ends, so both stay 16-byte
+    // aligned unless the case asks for misalignment. (Run 9 placed v one
+    // element after k, which silently sent every "contiguous" case down the
+    // 2-byte path; see docs/perf-notes.md.)
+    bf16_t *buf = gpu_alloc((2 * (size_t)T * row + 16) * 2);
+    bf16_t *k = buf + c->misalign, *v = buf + (size_t)T * row + 8 + c->misalign;
     gpu_upload(k, h_k, (size_t)T * row * 2);
     gpu_upload(v, h_v, (size_t)T * row * 2);
     r->d_k = k;

@@ -122,6 +122,9 @@ def render_tolerance_reasons(d):
         if tol and tol["reason"] not in seen:
             seen.add(tol["reason"])
             out.append(f"- atol {tol['atol']:g}, rtol {tol['rtol']:.3g}, NMSE <= {tol['max_nmse']:.3g}: {tol['reason']}")
+    if not out:
+        out.append("- No element-wise tolerances: every check of this chapter is an exact comparison "
+                   "(bit for bit) or a rule that holds or fails.")
     return "\n".join(out) + "\n"
 
 
