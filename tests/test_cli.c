@@ -9,26 +9,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
+
+#include "tests/helpers.h"
 
 static const char *CHAPTERS[] = {"01-activation", "02-rmsnorm", "03-linear-tp", "04-embedding", "08-scheduler"};
 #define N_CHAPTERS (sizeof CHAPTERS / sizeof CHAPTERS[0])
-
-// Run a shell command; return its exit status and (up to cap bytes of) output.
-static int run(const char *cmd, char *out, size_t cap) {
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p, "popen %s", cmd);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 Test(cli, help_exits_zero) {
     char cmd[512], out[8192];
     for (size_t i = 0; i < N_CHAPTERS; i++) {
         snprintf(cmd, sizeof cmd, "./%s/%s --help 2>&1", MV_BUILD_DIR, CHAPTERS[i]);
-        cr_expect_eq(run(cmd, out, sizeof out), 0, "%s --help", CHAPTERS[i]);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 0, "%s --help", CHAPTERS[i]);
         cr_expect(strstr(out, "usage") != NULL || strstr(out, "Usage") != NULL, "%s --help: %s", CHAPTERS[i], out);
     }
 }
@@ -37,10 +28,10 @@ Test(cli, wrong_argument_is_named_and_exits_2) {
     char cmd[512], out[8192];
     for (size_t i = 0; i < N_CHAPTERS; i++) {
         snprintf(cmd, sizeof cmd, "./%s/%s --no-such-flag 2>&1", MV_BUILD_DIR, CHAPTERS[i]);
-        cr_expect_eq(run(cmd, out, sizeof out), 2, "%s --no-such-flag", CHAPTERS[i]);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s --no-such-flag", CHAPTERS[i]);
         cr_expect(strstr(out, "--no-such-flag") != NULL, "%s: %s", CHAPTERS[i], out);
         snprintf(cmd, sizeof cmd, "./%s/%s --seed banana 2>&1", MV_BUILD_DIR, CHAPTERS[i]);
-        cr_expect_eq(run(cmd, out, sizeof out), 2, "%s --seed banana", CHAPTERS[i]);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s --seed banana", CHAPTERS[i]);
         cr_expect(strstr(out, "banana") != NULL, "%s: %s", CHAPTERS[i], out);
     }
 }
@@ -49,7 +40,7 @@ Test(cli, json_names_the_chapter) {
     char cmd[512], out[8192], path[256];
     snprintf(path, sizeof path, "/tmp/mv-test-cli-%d.json", (int)getpid());
     snprintf(cmd, sizeof cmd, "./%s/01-activation --cpu --summary --json %s 2>&1", MV_BUILD_DIR, path);
-    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f);
     size_t n = fread(out, 1, sizeof out - 1, f);
@@ -63,6 +54,6 @@ Test(cli, json_names_the_chapter) {
 Test(cli, unwritable_json_path_fails_cleanly) {
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, "./%s/02-rmsnorm --cpu --summary --json /no/such/dir/x.json 2>&1", MV_BUILD_DIR);
-    cr_expect_eq(run(cmd, out, sizeof out), 1);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1);
     cr_expect(strstr(out, "/no/such/dir/x.json") != NULL, "%s", out);
 }

@@ -15,13 +15,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include <utf8proc.h>
 
 #include "chapters/09-engine/chat.h"
 #include "chapters/09-engine/tokenizer.h"
 #include "common/check.h"
+#include "tests/helpers.h"
 
 #define QWEN_PATTERN                                                                                 \
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|" \
@@ -375,14 +375,7 @@ Test(chat, bad_requests) {
 
 // ---- the real Qwen3 tokenizer (MV_QWEN3_DIR) -------------------------------------------
 
-static const char *qwen3_dir(void) {
-    const char *d = getenv("MV_QWEN3_DIR");
-    if (!d || !*d) {
-        fprintf(stderr, "SKIP: MV_QWEN3_DIR is not set, so the real Qwen3 tokenizer tests are skipped\n");
-        cr_skip_test("MV_QWEN3_DIR is not set");
-    }
-    return d;
-}
+static const char *qwen3_dir(void) { return qwen3_dir_or_skip("the real Qwen3 tokenizer tests are"); }
 
 Test(qwen3, known_encodings) {
     tokenizer_t *t = tokenizer_load(qwen3_dir());
@@ -403,12 +396,7 @@ Test(qwen3, known_encodings) {
 static int run_minivllm(const char *args, char *out, size_t cap) {
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "%s/minivllm %s 2>/dev/null", MV_BUILD_DIR, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return run_command(cmd, out, cap);
 }
 
 Test(qwen3, command_line) {

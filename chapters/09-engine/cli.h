@@ -44,6 +44,8 @@ void cli_print_json_string(FILE *f, const char *s, size_t n);
 // Commands (cmd_tokenize.c).
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
+// cmd_inspect.c
+int cmd_inspect(int argc, char **argv);
 
 #ifdef __cplusplus
 }

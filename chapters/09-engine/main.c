@@ -4,6 +4,7 @@
  * One program, several commands, each in its own file (cmd_*.c):
  *   minivllm tokenize   --model DIR --text "Hello"      text -> ids
  *   minivllm detokenize --model DIR --ids 9707          ids -> text
+ *   minivllm inspect    --model DIR                     check and describe a model directory
  * `generate` and `bench` arrive with the engine itself; adding a command is
  * one line in COMMANDS below (see cli.h).
  *
@@ -24,6 +25,7 @@ typedef struct {
 static const command_t COMMANDS[] = {
     {"tokenize", "text or chat requests -> Qwen3 token ids (JSON lists)", cmd_tokenize},
     {"detokenize", "token ids -> text", cmd_detokenize},
+    {"inspect", "check a model directory (config, weights) and describe it", cmd_inspect},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -1,0 +1,139 @@
+/*
+ * chapters/09-engine/qwen3_weights.c - bind a Qwen3ForCausalLM checkpoint's
+ * tensors by name and check their shapes (see qwen3_weights.h for the list).
+ *
+ * Each expected tensor is looked up, its shape compared with the one the
+ * config implies, and the tensor marked as used; whatever is left unmarked
+ * at the end is a tensor the model does not have, and an error too (a
+ * typo'd name, a layer too many, a bias the config does not ask for).
+ */
+#include "chapters/09-engine/qwen3_weights.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/check.h"
+
+typedef struct {
+    const qwen3_config_t *c;
+    const st_model_t *m;
+    unsigned char *used;  // [m->n_tensors] 1 once bound
+    qwen3_weights_t *w;
+} binder_t;
+
+static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+// Bind tensor `name` of shape [d0] (d1 < 0) or [d0, d1] into *out.
+static int bind(binder_t *b, const char *name, int64_t d0, int64_t d1, const st_tensor_t **out) {
+    int64_t want[2] = {d0, d1};
+    int ndim = d1 < 0 ? 1 : 2;
+    char ws[64], got[128];
+    shape_str(ws, sizeof ws, ndim, want);
+    const st_tensor_t *t = st_find(b->m, name);
+    if (!t) return mv_error("%s: tensor %s %s is missing", b->m->source, name, ws);
+    if (t->ndim != ndim || t->shape[0] != d0 || (ndim == 2 && t->shape[1] != d1)) {
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        return mv_error("%s: tensor %s has shape %s; config.json implies %s", t->file, name, got, ws);
+    }
+    b->used[t - b->m->tensors] = 1;
+    b->w->n_params += st_numel(t);
+    b->w->n_bytes += t->nbytes;
+    *out = t;
+    return 0;
+}
+
+static int bind_layer(binder_t *b, int i, qwen3_layer_weights_t *l) {
+    const qwen3_config_t *c = b->c;
+    int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    int64_t q = (int64_t)c->num_attention_heads * hd, kv = (int64_t)c->num_key_value_heads * hd;
+    struct {
+        const char *suffix;
+        int64_t d0, d1;
+        const st_tensor_t **slot;
+    } want[] = {
+        {"input_layernorm.weight", H, -1, &l->input_layernorm},
+        {"self_attn.q_proj.weight", q, H, &l->q_proj},
+        {"self_attn.k_proj.weight", kv, H, &l->k_proj},
+        {"self_attn.v_proj.weight", kv, H, &l->v_proj},
+        {"self_attn.o_proj.weight", H, q, &l->o_proj},
+        {"self_attn.q_norm.weight", hd, -1, &l->q_norm},
+        {"self_attn.k_norm.weight", hd, -1, &l->k_norm},
+        {"post_attention_layernorm.weight", H, -1, &l->post_attention_layernorm},
+        {"mlp.gate_proj.weight", I, H, &l->gate_proj},
+        {"mlp.up_proj.weight", I, H, &l->up_proj},
+        {"mlp.down_proj.weight", H, I, &l->down_proj},
+        // Only with attention_bias (the loop below stops before these otherwise).
+        {"self_attn.q_proj.bias", q, -1, &l->q_bias},
+        {"self_attn.k_proj.bias", kv, -1, &l->k_bias},
+        {"self_attn.v_proj.bias", kv, -1, &l->v_bias},
+        {"self_attn.o_proj.bias", H, -1, &l->o_bias},
+    };
+    int n = c->attention_bias ? 15 : 11;
+    for (int k = 0; k < n; k++) {
+        char name[128];
+        snprintf(name, sizeof name, "model.layers.%d.%s", i, want[k].suffix);
+        if (bind(b, name, want[k].d0, want[k].d1, want[k].slot)) return -1;
+    }
+    return 0;
+}
+
+// With tied embeddings lm_head is embed_tokens; a stored lm_head.weight is
+// shape-checked, then ignored (vLLM skips it too).
+static int bind_lm_head(binder_t *b) {
+    const qwen3_config_t *c = b->c;
+    qwen3_weights_t *w = b->w;
+    if (!c->tie_word_embeddings) return bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &w->lm_head);
+    const st_tensor_t *stored = NULL;
+    if (st_find(b->m, "lm_head.weight")) {
+        if (bind(b, "lm_head.weight", c->vocab_size, c->hidden_size, &stored)) return -1;
+        w->n_params -= st_numel(stored);  // not counted: it is not used
+        w->n_bytes -= stored->nbytes;
+    }
+    w->lm_head = w->embed_tokens;
+    return 0;
+}
+
+// The first tensor nothing was bound to, as an error with a hint.
+static int check_unused(const binder_t *b) {
+    for (size_t i = 0; i < b->m->n_tensors; i++) {
+        if (b->used[i]) continue;
+        const st_tensor_t *t = &b->m->tensors[i];
+        const char *hint = "";
+        if (strstr(t->name, "_proj.bias") && !b->c->attention_bias) hint = " (config.json has attention_bias false)";
+        else if (strncmp(t->name, "model.layers.", 13) == 0) hint = " (check num_hidden_layers in config.json)";
+        return mv_error("%s: unexpected tensor %s: a Qwen3ForCausalLM with this config.json has no such tensor%s",
+                        t->file, t->name, hint);
+    }
+    return 0;
+}
+
+int qwen3_weights_bind(const qwen3_config_t *c, const st_model_t *m, qwen3_weights_t *w) {
+    *w = (qwen3_weights_t){0};
+    binder_t b = {c, m, calloc(m->n_tensors + 1, 1), w};
+    w->layers = calloc((size_t)c->num_hidden_layers, sizeof *w->layers);
+    if (!b.used || !w->layers) {
+        free(b.used);
+        qwen3_weights_free(w);
+        return mv_error("%s: out of memory", m->source);
+    }
+    w->n_layers = c->num_hidden_layers;
+    int rc = bind(&b, "model.embed_tokens.weight", c->vocab_size, c->hidden_size, &w->embed_tokens);
+    for (int i = 0; i < c->num_hidden_layers && !rc; i++) rc = bind_layer(&b, i, &w->layers[i]);
+    if (!rc) rc = bind(&b, "model.norm.weight", c->hidden_size, -1, &w->norm);
+    if (!rc) rc = bind_lm_head(&b);
+    if (!rc) rc = check_unused(&b);
+    free(b.used);
+    if (rc) qwen3_weights_free(w);
+    return rc ? -1 : 0;
+}
+
+void qwen3_weights_free(qwen3_weights_t *w) {
+    free(w->layers);
+    *w = (qwen3_weights_t){0};
+}
