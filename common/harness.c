@@ -309,7 +309,9 @@ int harness_end(harness_t *h) {
     snprintf(status, sizeof status, "%s", h->n_failed ? "FAIL" : "PASS");
     if (h->summary) {
         printf("%-16s %s  %d/%d checks", h->chapter, status, h->n_checks - h->n_failed, h->n_checks);
-        if (h->use_gpu) {
+        if (h->gpu_note) {
+            printf("  (CPU reference only: %s)", h->gpu_note);
+        } else if (h->use_gpu) {
             printf("  on %s", h->gpu.name);
             if (h->best_line[0]) printf("; fastest: %s", h->best_line);
         } else if (h->host_only) {

@@ -57,6 +57,7 @@ typedef struct {
     char best_line[256];   // the timing behind best_pct, for the summary
     // host-only chapters (harness_begin_host)
     int host_only;         // 1: the chapter has no GPU half at all
+    const char *gpu_note;  // set by a chapter whose GPU half is not written yet: said in the summary
     const char *extra_usage;  // the chapter's own options, for --help
 } harness_t;
 
