@@ -53,18 +53,36 @@ int kv_store_validate_slots(const int32_t *slot_mapping, int T, long long num_sl
     return 0;
 }
 
-int store_kvcache_cpu(const bf16_t *k, long long k_stride, const bf16_t *v, long long v_stride,
-                      bf16_t *k_cache, bf16_t *v_cache, const int32_t *slot_mapping, int T,
-                      int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+// Both element types share this loop: the caches are arrays of `elem`-byte
+// values, and a token's K (or V) row is Hkv*D of them.
+static int store_rows(const void *k, long long k_stride, const void *v, long long v_stride, void *k_cache,
+                      void *v_cache, const int32_t *slot_mapping, int T, int num_kv_heads, int head_dim,
+                      int block_size, int num_blocks, size_t elem) {
     if (kv_store_validate(T, num_kv_heads, head_dim, k_stride, v_stride, block_size, num_blocks) ||
         kv_store_validate_slots(slot_mapping, T, (long long)num_blocks * block_size))
         return -1;
-    const size_t row = (size_t)num_kv_heads * head_dim;  // elements of one token's K (or V)
+    const size_t row = (size_t)num_kv_heads * head_dim * elem;  // bytes of one token's K (or V)
+    const char *kb = k, *vb = v;
+    char *kc = k_cache, *vc = v_cache;
     for (int t = 0; t < T; t++) {
         int32_t slot = slot_mapping[t];
         if (slot == -1) continue;  // already cached: the slot keeps what it holds
-        memcpy(k_cache + (size_t)slot * row, k + t * k_stride, row * sizeof(bf16_t));
-        memcpy(v_cache + (size_t)slot * row, v + t * v_stride, row * sizeof(bf16_t));
+        memcpy(kc + (size_t)slot * row, kb + (size_t)t * (size_t)k_stride * elem, row);
+        memcpy(vc + (size_t)slot * row, vb + (size_t)t * (size_t)v_stride * elem, row);
     }
     return 0;
+}
+
+int store_kvcache_cpu(const bf16_t *k, long long k_stride, const bf16_t *v, long long v_stride,
+                      bf16_t *k_cache, bf16_t *v_cache, const int32_t *slot_mapping, int T,
+                      int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+    return store_rows(k, k_stride, v, v_stride, k_cache, v_cache, slot_mapping, T, num_kv_heads, head_dim,
+                      block_size, num_blocks, sizeof(bf16_t));
+}
+
+int store_kvcache_f32_cpu(const float *k, long long k_stride, const float *v, long long v_stride,
+                          float *k_cache, float *v_cache, const int32_t *slot_mapping, int T,
+                          int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+    return store_rows(k, k_stride, v, v_stride, k_cache, v_cache, slot_mapping, T, num_kv_heads, head_dim,
+                      block_size, num_blocks, sizeof(float));
 }

@@ -318,7 +318,7 @@ Test(config, tiny_config_read) {
     cr_expect_eq(c.head_dim, HD);
     cr_expect_eq(c.rms_norm_eps, 1e-6);
     cr_expect_eq(c.rope_theta, 1e6);
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_NONE);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_NONE);
     cr_expect_eq(c.max_position_embeddings, 64);
     cr_expect_eq(c.tie_word_embeddings, 0);
     cr_expect_eq(c.attention_bias, 0);
@@ -440,7 +440,7 @@ Test(config, rope_layouts_of_both_transformers_versions) {
     free(s);
     cr_assert_eq(qwen3_config_load(tmp_dir, &c), 0, "%s", mv_last_error());
     cr_expect_eq(c.rope_theta, 5e5);
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_NONE);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_NONE);
 
     // llama3 scaling inside rope_parameters.
     cJSON_ReplaceItemInObject(cfg, "rope_parameters",
@@ -452,7 +452,7 @@ Test(config, rope_layouts_of_both_transformers_versions) {
     free(s);
     cJSON_Delete(cfg);
     cr_assert_eq(qwen3_config_load(tmp_dir, &c), 0, "%s", mv_last_error());
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_LLAMA3);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_LLAMA3);
     cr_expect_eq(c.rope_scaling.factor, 8.0);
 
     // transformers 4.x: rope_scaling with the older "type" key.
@@ -460,13 +460,13 @@ Test(config, rope_layouts_of_both_transformers_versions) {
                                  "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 32}");
     cr_assert_eq(qwen3_config_load(tmp_dir, &c), 0, "%s", mv_last_error());
     cr_expect_eq(c.rope_theta, 1e6);
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_LLAMA3);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_LLAMA3);
     cr_expect_eq(c.rope_scaling.low_freq_factor, 1.0);
     cr_expect_eq(c.rope_scaling.high_freq_factor, 4.0);
     cr_expect_eq(c.rope_scaling.original_max_position_embeddings, 32);
     write_config("rope_scaling", "{\"rope_type\": \"default\"}");
     cr_assert_eq(qwen3_config_load(tmp_dir, &c), 0, "%s", mv_last_error());
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_NONE);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_NONE);
 }
 
 // ---- the real Qwen3-0.6B config --------------------------------------------------------------
@@ -483,7 +483,7 @@ Test(qwen3, real_config) {
     cr_expect_eq(c.intermediate_size, 3072);
     cr_expect_eq(c.vocab_size, 151936);
     cr_expect_eq(c.rope_theta, 1e6);
-    cr_expect_eq(c.rope_scaling.kind, ROPE_SCALING_NONE);
+    cr_expect_eq(c.rope_scaling.kind, QWEN3_ROPE_NONE);
     cr_expect_eq(c.rms_norm_eps, 1e-6);
     cr_expect_eq(c.tie_word_embeddings, 1);
     cr_expect_eq(c.n_eos, 2);

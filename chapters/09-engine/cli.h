@@ -46,6 +46,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 // cmd_inspect.c
 int cmd_inspect(int argc, char **argv);
+// cmd_generate.c
+int cmd_generate(int argc, char **argv);
 
 #ifdef __cplusplus
 }

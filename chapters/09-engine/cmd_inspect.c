@@ -30,7 +30,7 @@ static void print_config(const char *dir, const qwen3_config_t *c) {
     printf("heads            %d query, %d key/value (%d queries per KV head), head_dim %d\n", c->num_attention_heads,
            c->num_key_value_heads, c->num_attention_heads / c->num_key_value_heads, c->head_dim);
     printf("rope             theta %g, scaling %s", c->rope_theta, rope_scaling_name(c->rope_scaling.kind));
-    if (c->rope_scaling.kind == ROPE_SCALING_LLAMA3)
+    if (c->rope_scaling.kind == QWEN3_ROPE_LLAMA3)
         printf(" (factor %g, low_freq_factor %g, high_freq_factor %g, original_max_position_embeddings %d)",
                c->rope_scaling.factor, c->rope_scaling.low_freq_factor, c->rope_scaling.high_freq_factor,
                c->rope_scaling.original_max_position_embeddings);

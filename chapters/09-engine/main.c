@@ -5,8 +5,9 @@
  *   minivllm tokenize   --model DIR --text "Hello"      text -> ids
  *   minivllm detokenize --model DIR --ids 9707          ids -> text
  *   minivllm inspect    --model DIR                     check and describe a model directory
- * `generate` and `bench` arrive with the engine itself; adding a command is
- * one line in COMMANDS below (see cli.h).
+ *   minivllm generate   --model DIR --prompt "Hello"    run the engine (CPU backend for now)
+ * `bench` arrives with the CUDA backend; adding a command is one line in
+ * COMMANDS below (see cli.h).
  *
  * Build and run:  make && ./build/minivllm --help
  * Exit status: 0 success, 1 failure (bad input or model files), 2 bad arguments.
@@ -26,6 +27,7 @@ static const command_t COMMANDS[] = {
     {"tokenize", "text or chat requests -> Qwen3 token ids (JSON lists)", cmd_tokenize},
     {"detokenize", "token ids -> text", cmd_detokenize},
     {"inspect", "check a model directory (config, weights) and describe it", cmd_inspect},
+    {"generate", "prompts -> generated tokens with the engine (continuous batching)", cmd_generate},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -124,7 +124,7 @@ static int read_dtype(const keys_t *k, qwen3_config_t *c) {
 
 // ---- RoPE ------------------------------------------------------------------------------------
 
-const char *rope_scaling_name(rope_scaling_kind_t kind) { return kind == ROPE_SCALING_LLAMA3 ? "llama3" : "none"; }
+const char *rope_scaling_name(qwen3_rope_kind_t kind) { return kind == QWEN3_ROPE_LLAMA3 ? "llama3" : "none"; }
 
 // The scaling type of an object: "rope_type" (current) or "type" (older
 // configs). Absent: "default" (no scaling), or an error when `required`.
@@ -142,8 +142,8 @@ static int read_rope_type(const keys_t *k, int required, const char **type) {
     return 0;
 }
 
-static int read_llama3(const keys_t *k, rope_scaling_t *r) {
-    r->kind = ROPE_SCALING_LLAMA3;
+static int read_llama3(const keys_t *k, qwen3_rope_scaling_t *r) {
+    r->kind = QWEN3_ROPE_LLAMA3;
     if (read_num(k, "factor", 1, 0, 1.0, 0, 1e6, &r->factor) ||
         read_num(k, "low_freq_factor", 1, 0, 0.0, 1, 1e6, &r->low_freq_factor) ||
         read_num(k, "high_freq_factor", 1, 0, 0.0, 1, 1e6, &r->high_freq_factor) ||
@@ -179,7 +179,7 @@ static int read_rope(const keys_t *top, qwen3_config_t *c) {
 
     // The scaling lives in rope_scaling when that is set, else in rope_parameters.
     const keys_t *ksrc = scaling ? &ks : params ? &kp : NULL;
-    c->rope_scaling = (rope_scaling_t){ROPE_SCALING_NONE, 1.0, 0, 0, 0};
+    c->rope_scaling = (qwen3_rope_scaling_t){QWEN3_ROPE_NONE, 1.0, 0, 0, 0};
     if (!ksrc) return 0;
     const char *type;
     if (read_rope_type(ksrc, ksrc == &ks, &type)) return -1;
@@ -215,7 +215,7 @@ static int read_shapes(const keys_t *k, qwen3_config_t *c) {
     }
     // RoPE rotates the head's dimensions in pairs.
     if (c->head_dim % 2 != 0) return mv_error("%s: head_dim %d must be even (RoPE rotates pairs)", k->path, c->head_dim);
-    if (c->rope_scaling.kind == ROPE_SCALING_LLAMA3 &&
+    if (c->rope_scaling.kind == QWEN3_ROPE_LLAMA3 &&
         c->rope_scaling.original_max_position_embeddings > c->max_position_embeddings)
         return mv_error("%s: rope_scaling.original_max_position_embeddings %d exceeds max_position_embeddings %d",
                         k->path, c->rope_scaling.original_max_position_embeddings, c->max_position_embeddings);

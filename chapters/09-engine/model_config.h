@@ -39,19 +39,19 @@ extern "C" {
 
 enum { QWEN3_MAX_EOS = 8 };
 
-typedef enum { ROPE_SCALING_NONE = 0, ROPE_SCALING_LLAMA3 = 1 } rope_scaling_kind_t;
+typedef enum { QWEN3_ROPE_NONE = 0, QWEN3_ROPE_LLAMA3 = 1 } qwen3_rope_kind_t;
 
 // Llama 3.1's RoPE scaling: wavelengths longer than
 // original_max_position_embeddings / low_freq_factor are divided by
 // `factor`, those shorter than original / high_freq_factor are kept, and
 // those between are blended smoothly. Only read when kind == LLAMA3.
 typedef struct {
-    rope_scaling_kind_t kind;
+    qwen3_rope_kind_t kind;
     double factor;                         // >= 1: how much longer the context becomes
     double low_freq_factor;                // > 0
     double high_freq_factor;               // > low_freq_factor
     int original_max_position_embeddings;  // > 0: the context length trained before scaling
-} rope_scaling_t;
+} qwen3_rope_scaling_t;
 
 typedef struct {
     // ---- config.json --------------------------------------------------------
@@ -66,7 +66,7 @@ typedef struct {
                                   // when absent it is H / heads
     double rms_norm_eps;          // epsilon inside RMSNorm's square root
     double rope_theta;            // RoPE base (Qwen3: 1e6)
-    rope_scaling_t rope_scaling;  // none, or llama3
+    qwen3_rope_scaling_t rope_scaling;  // none, or llama3
     int max_position_embeddings;  // the longest context the model was made for
     int tie_word_embeddings;      // 1: lm_head is embed_tokens (no lm_head.weight needed)
     int attention_bias;           // 1: q/k/v/o_proj have biases (Qwen3: 0)
@@ -88,7 +88,7 @@ int qwen3_config_load(const char *model_dir, qwen3_config_t *c);
 // unless tied), to check a checkpoint's size against.
 int64_t qwen3_config_n_params(const qwen3_config_t *c);
 
-const char *rope_scaling_name(rope_scaling_kind_t k);
+const char *rope_scaling_name(qwen3_rope_kind_t k);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,458 @@
+/*
+ * chapters/09-engine/cmd_generate.c - `minivllm generate`: prompts in,
+ * generated tokens out, through the engine (engine.h).
+ *
+ *   minivllm generate --model DIR --prompt "Hello" --max-tokens 32
+ *   minivllm generate --model DIR --input requests.jsonl --output out.jsonl
+ *
+ * A line of requests.jsonl is one request, with exactly one of
+ *   "prompt": "text"                 (needs the tokenizer in DIR)
+ *   "prompt_token_ids": [1, 2, 3]    (works without a tokenizer)
+ *   "messages": [{"role": "user", "content": "..."}], and optionally
+ *       "add_generation_prompt" (default true here) and "enable_thinking"
+ * and optionally "max_tokens", "temperature", "top_k", "top_p", "seed",
+ * "ignore_eos", which override the command line's values for that line.
+ * Every request is submitted at once and batched continuously; the outputs
+ * come back in input order, one JSON line each:
+ *   {"index": 0, "token_ids": [...], "text": "...", "finish_reason": "stop"}
+ * (text is "" without a tokenizer).
+ *
+ * Bad input is all or nothing: an unknown key, a value of the wrong type,
+ * an id outside the vocabulary, an empty prompt, max_tokens < 1, a prompt
+ * longer than --max-model-len... stops the command before anything runs,
+ * with exit status 1 and a message naming the file, the line and the key.
+ * Wrong arguments exit 2 naming the argument.
+ */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "chapters/09-engine/chat.h"
+#include "chapters/09-engine/cli.h"
+#include "chapters/09-engine/engine.h"
+#include "common/check.h"
+
+static const char GENERATE_USAGE[] =
+    "usage: minivllm generate --model DIR [--prompt TEXT]... [--input FILE.jsonl] [--output FILE.jsonl]\n"
+    "                         [--chat] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                         [--seed S] [--ignore-eos] [--device cpu|cuda] [engine sizes...]\n"
+    "\n"
+    "Generate text with a Qwen3 model directory (config.json, safetensors weights, and\n"
+    "tokenizer.json for text prompts). Requests come from --prompt (repeatable) and from the\n"
+    "lines of --input (\"-\" = stdin); each line is a JSON object with one of \"prompt\" (text),\n"
+    "\"prompt_token_ids\" (a list of ids) or \"messages\" (a chat), and optionally \"max_tokens\",\n"
+    "\"temperature\", \"top_k\", \"top_p\", \"seed\", \"ignore_eos\". All requests run together\n"
+    "(continuous batching). With --output, one JSON line per request, in input order:\n"
+    "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"}\n"
+    "without it, each request's text (or ids, without a tokenizer) on stdout.\n"
+    "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
+    "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
+    "--device: cpu is the only backend built yet, and the default (cuda will become the\n"
+    "default when it exists and a GPU is present).";
+
+typedef struct {
+    tok_ids_t prompt;
+    sampling_params_t params;
+    uint64_t seed;
+    long line_no;  // 0 for --prompt
+    int prompt_arg;  // index among the --prompt options
+} gen_request_t;
+
+typedef struct {
+    engine_t *e;
+    const char *path;
+    int chat;
+    sampling_params_t defaults;
+    uint64_t base_seed;
+    gen_request_t *reqs;
+    int n, cap;
+} gen_ctx_t;
+
+static int bad_arg(const char *opt, const char *v, const char *what) {
+    return cli_error("generate", CLI_USAGE, "%s '%s' is not %s", opt, v, what);
+}
+
+static int parse_long(const char *opt, const char *v, long lo, long hi, long *out) {
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        char what[96];
+        snprintf(what, sizeof what, "an integer in [%ld, %ld]", lo, hi);
+        return bad_arg(opt, v, what);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_float(const char *opt, const char *v, double lo, double hi, int lo_open, float *out) {
+    if (!v) return 0;
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
+        char what[96];
+        snprintf(what, sizeof what, "a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+        return bad_arg(opt, v, what);
+    }
+    *out = (float)x;
+    return 0;
+}
+
+static int push_request(gen_ctx_t *c, gen_request_t *r) {
+    if (c->n == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 16;
+        gen_request_t *p = realloc(c->reqs, (size_t)cap * sizeof *p);
+        if (!p) return mv_error("out of memory");
+        c->reqs = p;
+        c->cap = cap;
+    }
+    c->reqs[c->n++] = *r;
+    return 0;
+}
+
+// Text -> ids, as a user message of the chat template when --chat is given.
+static int encode_text(gen_ctx_t *c, const char *text, tok_ids_t *ids) {
+    if (!c->e->tokenizer)
+        return mv_error("a text prompt needs a tokenizer, and %s has no tokenizer.json (use prompt_token_ids)",
+                        c->e->cfg.model_dir);
+    if (!c->chat) return tokenizer_encode(c->e->tokenizer, text, strlen(text), ids);
+    chat_message_t m = {"user", text, NULL};
+    chat_options_t opt = {1, 0};
+    tok_bytes_t rendered = {0};
+    int rc = chat_render_qwen3(&m, 1, &opt, &rendered);
+    if (!rc) rc = tokenizer_encode(c->e->tokenizer, rendered.data, rendered.len, ids);
+    tok_bytes_free(&rendered);
+    return rc;
+}
+
+static int is_int(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo &&
+           v->valuedouble <= hi;
+}
+
+static int line_ids(const cJSON *arr, tok_ids_t *ids) {
+    if (!cJSON_IsArray(arr)) return mv_error("\"prompt_token_ids\" must be a list of integer ids");
+    int k = 0;
+    for (const cJSON *v = arr->child; v; v = v->next, k++) {
+        if (!is_int(v, INT32_MIN, INT32_MAX))
+            return mv_error("\"prompt_token_ids\"[%d] is not an integer id", k);
+        if (tok_ids_push(ids, (int32_t)v->valuedouble)) return -1;
+    }
+    return 0;
+}
+
+static int line_messages(gen_ctx_t *c, const cJSON *req, tok_ids_t *ids) {
+    if (!c->e->tokenizer)
+        return mv_error("\"messages\" needs a tokenizer, and %s has no tokenizer.json", c->e->cfg.model_dir);
+    if (!tokenizer_has_qwen3_chat(c->e->tokenizer))
+        return mv_error("\"messages\": this model's chat template is not Qwen3's, the only one implemented");
+    chat_message_t *msgs;
+    int n;
+    chat_options_t opt;
+    if (chat_request_from_json(req, &msgs, &n, &opt)) return -1;
+    // A generation request wants the assistant's turn opened, unless it says otherwise.
+    if (!cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt")) opt.add_generation_prompt = 1;
+    tok_bytes_t text = {0};
+    int rc = chat_render_qwen3(msgs, n, &opt, &text);
+    free(msgs);
+    if (!rc) rc = tokenizer_encode(c->e->tokenizer, text.data, text.len, ids);
+    tok_bytes_free(&text);
+    return rc;
+}
+
+static const char *const LINE_KEYS[] = {"prompt",      "prompt_token_ids", "messages", "add_generation_prompt",
+                                        "enable_thinking", "max_tokens",   "temperature", "top_k",
+                                        "top_p",       "seed",             "ignore_eos"};
+
+// The sampling keys of a line, over the command line's defaults.
+static int line_params(const cJSON *req, gen_request_t *r) {
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "max_tokens"))) {
+        if (!is_int(v, 1, INT_MAX)) return mv_error("\"max_tokens\" must be an integer >= 1");
+        r->params.max_tokens = (int)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "temperature"))) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e6)
+            return mv_error("\"temperature\" must be a number >= 0");
+        r->params.temperature = (float)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "top_k"))) {
+        if (!is_int(v, -1, INT_MAX)) return mv_error("\"top_k\" must be an integer >= 0 (-1 or 0 = off)");
+        r->params.top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "top_p"))) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1))
+            return mv_error("\"top_p\" must be a number in (0, 1]");
+        r->params.top_p = (float)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "seed"))) {
+        if (!is_int(v, 0, 9007199254740992.0)) return mv_error("\"seed\" must be an integer >= 0");
+        r->seed = (uint64_t)v->valuedouble;
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "ignore_eos"))) {
+        if (!cJSON_IsBool(v)) return mv_error("\"ignore_eos\" must be true or false");
+        r->params.ignore_eos = cJSON_IsTrue(v);
+    }
+    return 0;
+}
+
+static int parse_request(gen_ctx_t *c, const cJSON *req, gen_request_t *r) {
+    if (!cJSON_IsObject(req)) return mv_error("a request must be a JSON object");
+    for (const cJSON *k = req->child; k; k = k->next) {
+        size_t i = 0;
+        while (i < sizeof LINE_KEYS / sizeof *LINE_KEYS && strcmp(k->string, LINE_KEYS[i])) i++;
+        if (i == sizeof LINE_KEYS / sizeof *LINE_KEYS) return mv_error("unknown key \"%s\"", k->string);
+    }
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "prompt_token_ids");
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
+    if (!!prompt + !!ids + !!msgs != 1)
+        return mv_error("a request needs exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\"");
+    if (line_params(req, r)) return -1;
+    if (prompt && !cJSON_IsString(prompt)) return mv_error("\"prompt\" must be a string");
+    int rc = prompt ? encode_text(c, prompt->valuestring, &r->prompt)
+                    : ids ? line_ids(ids, &r->prompt) : line_messages(c, req, &r->prompt);
+    if (!rc && r->prompt.len == 0)
+        rc = mv_error("\"%s\" is empty", prompt ? "prompt" : ids ? "prompt_token_ids" : "messages");
+    return rc;
+}
+
+static int error_at(const char *path, long line_no) {
+    char what[1024];
+    snprintf(what, sizeof what, "%s", mv_last_error());
+    return mv_error("%s:%ld: %s", path, line_no, what);
+}
+
+static int read_input(gen_ctx_t *c) {
+    FILE *f = strcmp(c->path, "-") == 0 ? stdin : fopen(c->path, "r");
+    if (!f) return mv_error("cannot open %s: %s", c->path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long line_no = 0;
+    int rc = 0;
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        size_t k = 0;
+        while (k < (size_t)len && strchr(" \t\r\n", line[k])) k++;
+        if (k == (size_t)len) continue;  // blank line
+        cJSON *req = cJSON_ParseWithLengthOpts(line, (size_t)len + 1, NULL, 0);
+        gen_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no};
+        rc = req ? parse_request(c, req, &r) : mv_error("not valid JSON");
+        cJSON_Delete(req);
+        if (!rc) rc = push_request(c, &r);
+        if (rc) {
+            tok_ids_free(&r.prompt);
+            error_at(c->path, line_no);
+        }
+    }
+    free(line);
+    if (f != stdin) fclose(f);
+    return rc;
+}
+
+// Where request i came from, for messages.
+static void describe_request(const gen_ctx_t *c, int i, char *buf, size_t cap) {
+    if (c->reqs[i].line_no) snprintf(buf, cap, "%s:%ld", c->path, c->reqs[i].line_no);
+    else snprintf(buf, cap, "--prompt #%d", c->reqs[i].prompt_arg + 1);
+}
+
+static int write_outputs(const gen_ctx_t *c, const engine_output_t *outs, FILE *f, int jsonl) {
+    tok_bytes_t text = {0};
+    int rc = 0;
+    for (int i = 0; i < c->n && !rc; i++) {
+        text.len = 0;
+        if (c->e->tokenizer &&
+            tokenizer_decode(c->e->tokenizer, outs[i].token_ids, (size_t)outs[i].num_tokens, 1, &text))
+            rc = -1;
+        if (!text.data) rc = rc ? rc : tok_bytes_append(&text, "", 0);
+        if (rc) break;
+        if (!jsonl) {
+            fprintf(f, "== request %d (%s, %d tokens, finish_reason %s)\n", i, c->reqs[i].line_no ? "input" : "prompt",
+                    outs[i].num_tokens, engine_finish_reason(outs[i].finish_reason));
+            if (c->e->tokenizer) fprintf(f, "%s\n", text.data);
+            else cli_print_ids(f, outs[i].token_ids, (size_t)outs[i].num_tokens);
+            continue;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON *ids = cJSON_CreateArray();
+        for (int k = 0; o && ids && k < outs[i].num_tokens; k++)
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(outs[i].token_ids[k]));
+        cJSON_AddNumberToObject(o, "index", i);
+        cJSON_AddItemToObject(o, "token_ids", ids);
+        cJSON_AddStringToObject(o, "text", text.data);  // decoded text never holds a NUL: U+FFFD replaces bad bytes
+        cJSON_AddStringToObject(o, "finish_reason", engine_finish_reason(outs[i].finish_reason));
+        char *s = cJSON_PrintUnformatted(o);
+        if (!s) rc = mv_error("out of memory");
+        else fprintf(f, "%s\n", s);
+        free(s);
+        cJSON_Delete(o);
+    }
+    tok_bytes_free(&text);
+    return rc;
+}
+
+// Every "--prompt TEXT" / "--prompt=TEXT" (cli_parse keeps only the last).
+static int collect_prompts(int argc, char **argv, const char ***out) {
+    int n = 0;
+    *out = calloc((size_t)argc, sizeof **out);
+    for (int i = 1; *out && i < argc; i++) {
+        if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc) (*out)[n++] = argv[++i];
+        else if (strncmp(argv[i], "--prompt=", 9) == 0) (*out)[n++] = argv[i] + 9;
+        else if (argv[i][0] == '-' && argv[i][1] == '-' && !strchr(argv[i], '=') && i + 1 < argc &&
+                 strcmp(argv[i], "--chat") && strcmp(argv[i], "--ignore-eos") && strcmp(argv[i], "--no-prefix-caching"))
+            i++;  // an option's value, even one that looks like "--prompt"
+    }
+    return n;
+}
+
+typedef struct {
+    const char *model, *device, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed;
+    const char *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads;
+    int chat, ignore_eos, no_prefix;
+} gen_args_t;
+
+static int engine_options(const gen_args_t *a, engine_config_t *ec) {
+    long v[6] = {0};
+    if (parse_long("--max-model-len", a->max_model_len, 1, 1 << 24, &v[0]) ||
+        parse_long("--max-num-seqs", a->max_num_seqs, 1, 1 << 16, &v[1]) ||
+        parse_long("--max-num-batched-tokens", a->max_batched, 1, 1 << 24, &v[2]) ||
+        parse_long("--block-size", a->block_size, 1, 1 << 16, &v[3]) ||
+        parse_long("--num-blocks", a->num_blocks, 1, 1 << 24, &v[4]) ||
+        parse_long("--threads", a->threads, 0, 4096, &v[5]))
+        return CLI_USAGE;
+    ec->max_model_len = (int)v[0];
+    ec->max_num_seqs = (int)v[1];
+    ec->max_num_batched_tokens = (int)v[2];
+    ec->block_size = (int)v[3];
+    ec->num_blocks = (int)v[4];
+    ec->num_threads = (int)v[5];
+    ec->enable_prefix_caching = !a->no_prefix;
+    if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda")) return bad_arg("--device", a->device, "cpu or cuda");
+    return CLI_OK;
+}
+
+// The command line's sampling values over generation_config.json's.
+static int sampling_options(const gen_args_t *a, const qwen3_config_t *m, sampling_params_t *p, uint64_t *seed) {
+    long max_tokens = 16, top_k = m->top_k, s = 0;
+    *p = (sampling_params_t){m->temperature, m->top_k, m->top_p, 16, a->ignore_eos};
+    if (parse_long("--max-tokens", a->max_tokens, 1, INT_MAX, &max_tokens) ||
+        parse_float("--temperature", a->temperature, 0, 1e6, 0, &p->temperature) ||
+        parse_long("--top-k", a->top_k, 0, INT_MAX, &top_k) || parse_float("--top-p", a->top_p, 0, 1, 1, &p->top_p) ||
+        parse_long("--seed", a->seed, 0, LONG_MAX, &s))
+        return CLI_USAGE;
+    p->max_tokens = (int)max_tokens;
+    p->top_k = (int)top_k;
+    *seed = (uint64_t)s;
+    return CLI_OK;
+}
+
+static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
+    engine_config_t ec = engine_config_default(a->model);
+    int st = engine_options(a, &ec);
+    if (st) return st;
+    if (a->device && strcmp(a->device, "cuda") == 0)
+        return cli_error("generate", CLI_FAIL, "the cuda backend is not built yet (use --device cpu)");
+    ec.progress = isatty(STDERR_FILENO);
+    gen_ctx_t c = {.path = a->input, .chat = a->chat};
+    // Parse the numbers before loading anything: a typo costs nothing.
+    qwen3_config_t mc;
+    if (qwen3_config_load(a->model, &mc)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    if ((st = sampling_options(a, &mc, &c.defaults, &c.base_seed))) return st;
+    if (engine_create(&ec, &c.e)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    int rc = 0;
+    for (int i = 0; i < n_prompts && !rc; i++) {
+        gen_request_t r = {.params = c.defaults, .seed = c.base_seed + (uint64_t)c.n, .prompt_arg = i};
+        rc = encode_text(&c, prompts[i], &r.prompt);
+        if (!rc && r.prompt.len == 0) rc = mv_error("the prompt is empty");
+        if (!rc) rc = push_request(&c, &r);
+        if (rc) {
+            tok_ids_free(&r.prompt);
+            char what[1024];
+            snprintf(what, sizeof what, "%s", mv_last_error());
+            mv_error("--prompt #%d: %s", i + 1, what);
+        }
+    }
+    if (!rc && a->input) rc = read_input(&c);
+    if (!rc && c.n == 0) rc = mv_error("no requests: give --prompt or a non-empty --input");
+    engine_request_t *reqs = calloc((size_t)(c.n ? c.n : 1), sizeof *reqs);
+    engine_output_t *outs = calloc((size_t)(c.n ? c.n : 1), sizeof *outs);
+    if (!rc && (!reqs || !outs)) rc = mv_error("out of memory");
+    for (int i = 0; !rc && i < c.n; i++)
+        reqs[i] = (engine_request_t){c.reqs[i].prompt.data, (int)c.reqs[i].prompt.len, c.reqs[i].params, c.reqs[i].seed};
+    if (!rc && engine_generate(c.e, reqs, c.n, outs, NULL, NULL)) {
+        rc = -1;
+        if (c.e->failed_request >= 0) {
+            char where[512], what[1024];
+            describe_request(&c, c.e->failed_request, where, sizeof where);
+            snprintf(what, sizeof what, "%s", mv_last_error());
+            mv_error("%s: %s", where, what);
+        }
+    }
+    if (!rc) {
+        FILE *f = a->output ? fopen(a->output, "w") : stdout;
+        if (!f) rc = mv_error("cannot open %s: %s", a->output, strerror(errno));
+        if (!rc) rc = write_outputs(&c, outs, f, a->output != NULL);
+        if (f && f != stdout && fclose(f) && !rc) rc = mv_error("cannot write %s: %s", a->output, strerror(errno));
+        if (!rc && ec.progress)
+            fprintf(stderr, "minivllm: %d requests, %lld prompt tokens (%lld from the prefix cache), %lld generated "
+                            "in %lld steps, %.2f s (%.1f tok/s generated)\n",
+                    c.n, c.e->num_prompt_tokens, c.e->num_cached_tokens, c.e->num_generated_tokens, c.e->num_steps,
+                    c.e->elapsed_s, (double)c.e->num_generated_tokens / (c.e->elapsed_s > 0 ? c.e->elapsed_s : 1));
+    }
+    if (rc) cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    engine_outputs_free(outs, c.n);
+    free(outs);
+    free(reqs);
+    for (int i = 0; i < c.n; i++) tok_ids_free(&c.reqs[i].prompt);
+    free(c.reqs);
+    engine_free(c.e);
+    return rc ? CLI_FAIL : CLI_OK;
+}
+
+int cmd_generate(int argc, char **argv) {
+    gen_args_t a = {0};
+    cli_opt_t opts[] = {
+        {"--model", "DIR", "Hugging Face model directory", &a.model, NULL},
+        {"--device", "DEV", "cpu (default; the only backend built yet) or cuda", &a.device, NULL},
+        {"--prompt", "TEXT", "a text prompt (repeatable; needs tokenizer.json)", &a.prompt, NULL},
+        {"--input", "FILE", "JSON lines of requests (\"-\" = stdin)", &a.input, NULL},
+        {"--output", "FILE", "write one JSON line per request here (default: text on stdout)", &a.output, NULL},
+        {"--chat", NULL, "wrap each text prompt as a user message (Qwen3 chat template)", NULL, &a.chat},
+        {"--max-tokens", "N", "tokens to generate per request (default 16)", &a.max_tokens, NULL},
+        {"--temperature", "T", "0 = greedy (default: generation_config.json, else 1)", &a.temperature, NULL},
+        {"--top-k", "K", "keep the K most likely tokens, 0 = off (default: generation_config.json)", &a.top_k, NULL},
+        {"--top-p", "P", "nucleus in (0, 1], 1 = off (default: generation_config.json)", &a.top_p, NULL},
+        {"--seed", "S", "request i without \"seed\" uses S + i (default 0)", &a.seed, NULL},
+        {"--ignore-eos", NULL, "keep generating after an end-of-sequence token", NULL, &a.ignore_eos},
+        {"--max-model-len", "N", "prompt + generated tokens (default min(max_position_embeddings, 4096))",
+         &a.max_model_len, NULL},
+        {"--max-num-seqs", "N", "sequences per step (default 16)", &a.max_num_seqs, NULL},
+        {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks", &a.max_batched, NULL},
+        {"--block-size", "N", "tokens per KV-cache block (default 16)", &a.block_size, NULL},
+        {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within 2 GiB)", &a.num_blocks, NULL},
+        {"--threads", "N", "CPU threads, 0 = one per CPU (default)", &a.threads, NULL},
+        {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a.no_prefix},
+    };
+    int st = cli_parse("generate", GENERATE_USAGE, opts, (int)(sizeof opts / sizeof *opts), argc, argv);
+    if (st == CLI_HELP) return CLI_OK;
+    if (st != CLI_OK) return st;
+    if (!a.model) return cli_error("generate", CLI_USAGE, "--model DIR is required");
+    const char **prompts;
+    int n_prompts = collect_prompts(argc, argv, &prompts);
+    if (!prompts) return cli_error("generate", CLI_FAIL, "out of memory");
+    if (n_prompts == 0 && !a.input) {
+        free(prompts);
+        return cli_error("generate", CLI_USAGE, "give --prompt TEXT or --input FILE.jsonl");
+    }
+    st = run_generate(&a, prompts, n_prompts);
+    free(prompts);
+    return st;
+}

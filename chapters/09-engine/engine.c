@@ -1,0 +1,241 @@
+/*
+ * chapters/09-engine/engine.c - the engine loop (see engine.h).
+ */
+#include "chapters/09-engine/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chapters/09-engine/sampler.h"
+#include "common/check.h"
+#include "reference/embedding.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// mv_error() formats into the buffer mv_last_error() returns: copy first.
+static int error_prefixed(const char *fmt_prefix, long long a) {
+    char what[1024];
+    snprintf(what, sizeof what, "%s", mv_last_error());
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, fmt_prefix, a);
+    return mv_error("%s%s", prefix, what);
+}
+
+engine_config_t engine_config_default(const char *model_dir) {
+    engine_config_t c = {0};
+    c.model_dir = model_dir;
+    c.device = RUNNER_DEVICE_CPU;
+    c.enable_prefix_caching = 1;
+    return c;
+}
+
+const char *engine_finish_reason(finish_reason_t r) { return r == FINISH_EOS ? "stop" : "length"; }
+
+// Fill the zeros of *c from the model, and check what was given.
+static int resolve_config(engine_config_t *c, const qwen3_config_t *m) {
+    if (c->max_model_len < 0 || c->max_num_seqs < 0 || c->max_num_batched_tokens < 0 || c->block_size < 0 ||
+        c->num_blocks < 0 || c->kv_cache_bytes < 0 || c->num_threads < 0)
+        return mv_error("engine: sizes must be >= 0 (0 = the default)");
+    if (c->max_model_len == 0) c->max_model_len = m->max_position_embeddings < 4096 ? m->max_position_embeddings : 4096;
+    if (c->max_model_len > m->max_position_embeddings)
+        return mv_error("engine: max_model_len %d is longer than the model's max_position_embeddings %d",
+                        c->max_model_len, m->max_position_embeddings);
+    if (c->max_num_seqs == 0) c->max_num_seqs = 16;
+    if (c->max_num_batched_tokens == 0) {
+        int t = c->max_model_len > 512 ? c->max_model_len : 512;
+        c->max_num_batched_tokens = t < 8192 ? t : 8192;
+        if (c->max_num_batched_tokens < c->max_num_seqs) c->max_num_batched_tokens = c->max_num_seqs;
+    }
+    if (c->block_size == 0) c->block_size = 16;
+    if (c->kv_cache_bytes == 0) c->kv_cache_bytes = 2LL << 30;
+    const int per_seq = (c->max_model_len + c->block_size - 1) / c->block_size;
+    if (c->num_blocks == 0) {
+        // Enough for every row to reach max_model_len, if the budget allows:
+        // on the CPU, memory is plentiful but not free.
+        long long want = (long long)per_seq * c->max_num_seqs;
+        long long fit = c->kv_cache_bytes / (long long)model_runner_block_bytes(m, c->block_size, c->device);
+        long long nb = want < fit ? want : fit;
+        if (nb < per_seq)
+            return mv_error("engine: the KV cache budget (%lld bytes) holds %lld blocks of %d tokens, fewer than one "
+                            "sequence of max_model_len %d needs (%d): lower --max-model-len or raise --num-blocks",
+                            c->kv_cache_bytes, fit, c->block_size, c->max_model_len, per_seq);
+        c->num_blocks = (int)nb;
+    }
+    return 0;
+}
+
+void engine_free(engine_t *e) {
+    if (!e) return;
+    model_runner_free(e->runner);
+    tokenizer_free(e->tokenizer);
+    st_close(e->weights);
+    free(e);
+}
+
+// The tokenizer is optional: a directory without tokenizer.json serves
+// prompt_token_ids only. A tokenizer.json that is there but broken is an error.
+static int load_tokenizer(engine_t *e) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", e->cfg.model_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    fclose(f);
+    e->tokenizer = tokenizer_load(e->cfg.model_dir);
+    return e->tokenizer ? 0 : -1;
+}
+
+int engine_create(const engine_config_t *cfg, engine_t **out) {
+    *out = NULL;
+    engine_t *e = calloc(1, sizeof *e);
+    if (!e) return mv_error("engine: out of memory");
+    e->cfg = *cfg;
+    if (qwen3_config_load(cfg->model_dir, &e->model) || resolve_config(&e->cfg, &e->model) ||
+        st_open(cfg->model_dir, &e->weights) || load_tokenizer(e))
+        goto fail;
+    const engine_config_t *c = &e->cfg;
+    runner_config_t rc = {c->device, c->max_num_batched_tokens, c->max_num_seqs, c->max_model_len,
+                          c->block_size, c->num_blocks, c->num_threads};
+    if (model_runner_create(&e->model, e->weights, &rc, &e->runner)) goto fail;
+    scheduler_config_t *sc = &e->sched_cfg;
+    *sc = (scheduler_config_t){c->max_num_seqs, c->max_num_batched_tokens, c->max_model_len, c->block_size,
+                               c->num_blocks, c->enable_prefix_caching, {0}, 0};
+    for (int i = 0; i < e->model.n_eos && i < SCHED_MAX_EOS; i++) sc->eos_ids[sc->num_eos++] = e->model.eos_token_ids[i];
+    *out = e;
+    return 0;
+fail:
+    engine_free(e);
+    return -1;
+}
+
+void engine_outputs_free(engine_output_t *outputs, int n) {
+    for (int i = 0; outputs && i < n; i++) {
+        free(outputs[i].token_ids);
+        outputs[i] = (engine_output_t){0};
+    }
+}
+
+// The scheduler's step, as the runner takes it.
+static runner_step_t runner_step_from(const sched_step_t *st) {
+    return (runner_step_t){st->num_tokens,   st->num_seqs,     st->num_sample,   st->max_blocks_per_seq,
+                           st->input_ids,    st->positions,    st->cu_seqlens_q, st->context_lens,
+                           st->slot_mapping, st->block_tables, st->sample_token_index};
+}
+
+typedef struct {
+    scheduler_t sched;
+    sampler_t sampler;
+    float *logits;     // [max_num_seqs, vocab]
+    int32_t *sampled;  // [max_num_seqs]
+    uint64_t *rng;     // [n] one splitmix64 state per request
+    int64_t first_id;  // the scheduler id of request 0 (ids are consecutive)
+} run_t;
+
+static int add_all(engine_t *e, run_t *run, const engine_request_t *reqs, int n) {
+    for (int i = 0; i < n; i++) {
+        const engine_request_t *r = &reqs[i];
+        int64_t id;
+        e->failed_request = i;
+        if (r->num_prompt > 0 && embedding_validate_ids(r->prompt, r->num_prompt, e->model.vocab_size))
+            return error_prefixed("request %lld: ", i);
+        if (scheduler_add_request(&run->sched, r->prompt, r->num_prompt, &r->params, &id, NULL))
+            return error_prefixed("request %lld: ", i);
+        e->failed_request = -1;
+        if (i == 0) run->first_id = id;
+        if (id != run->first_id + i) return mv_error("engine: the scheduler's ids are not consecutive");
+        run->rng[i] = r->seed;
+    }
+    return 0;
+}
+
+static int collect_finished(run_t *run, int n, engine_output_t *outputs) {
+    sequence_t *q;
+    while ((q = scheduler_pop_finished(&run->sched))) {
+        int64_t i = q->id - run->first_id;
+        int g = sequence_num_generated(q);
+        int rc = 0;
+        if (i < 0 || i >= n) rc = mv_error("engine: a finished sequence with unknown id %lld", (long long)q->id);
+        else if (!(outputs[i].token_ids = malloc((size_t)(g > 0 ? g : 1) * sizeof(int32_t))))
+            rc = mv_error("engine: out of memory");
+        if (!rc) {
+            memcpy(outputs[i].token_ids, q->tokens + q->num_prompt_tokens, (size_t)g * sizeof(int32_t));
+            outputs[i].num_tokens = g;
+            outputs[i].finish_reason = q->finish_reason;
+        }
+        sequence_free(q);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int run_steps(engine_t *e, run_t *run, const engine_request_t *reqs, int n, engine_output_t *outputs,
+                     engine_logits_fn on_logits, void *ctx) {
+    const int V = e->model.vocab_size;
+    int done = 0;
+    while (scheduler_num_unfinished(&run->sched) > 0) {
+        const sched_step_t *st;
+        if (scheduler_schedule(&run->sched, &st)) return -1;
+        if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
+        runner_step_t in = runner_step_from(st);
+        if (model_runner_step(e->runner, &in, run->logits)) return error_prefixed("step %lld: ", e->num_steps);
+        for (int k = 0; k < st->num_sample; k++) {
+            const sequence_t *q = st->seqs[st->sample_rows[k]];
+            const int i = (int)(q->id - run->first_id);
+            const float *row = run->logits + (size_t)k * V;
+            if (on_logits) on_logits(ctx, i, sequence_num_generated(q), row, V);
+            if (sampler_sample(&run->sampler, row, &reqs[i].params, &run->rng[i], &run->sampled[k])) {
+                e->failed_request = i;
+                return error_prefixed("request %lld: ", i);
+            }
+        }
+        if (scheduler_postprocess(&run->sched, run->sampled)) return -1;
+        e->num_steps++;
+        e->num_generated_tokens += st->num_sample;
+        if (collect_finished(run, n, outputs)) return -1;
+        if (e->cfg.progress) {
+            done = n - scheduler_num_unfinished(&run->sched);
+            fprintf(stderr, "\rminivllm: step %lld, %d/%d requests done, %lld tokens generated", e->num_steps, done,
+                    n, e->num_generated_tokens);
+        }
+    }
+    if (e->cfg.progress) fprintf(stderr, "\n");
+    return 0;
+}
+
+int engine_generate(engine_t *e, const engine_request_t *reqs, int n, engine_output_t *outputs,
+                    engine_logits_fn on_logits, void *ctx) {
+    if (n < 0) return mv_error("engine: n must be >= 0");
+    for (int i = 0; i < n; i++) outputs[i] = (engine_output_t){0};
+    double t0 = now_s();
+    e->num_steps = e->num_generated_tokens = e->num_prompt_tokens = 0;
+    e->failed_request = -1;
+    run_t run = {0};
+    int rc = scheduler_init(&run.sched, &e->sched_cfg);
+    if (rc) return -1;
+    rc = sampler_init(&run.sampler, e->model.vocab_size);
+    run.logits = malloc((size_t)e->cfg.max_num_seqs * (size_t)e->model.vocab_size * sizeof(float));
+    run.sampled = malloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t));
+    run.rng = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
+    if (!rc && (!run.logits || !run.sampled || !run.rng)) rc = mv_error("engine: out of memory");
+    if (!rc) rc = add_all(e, &run, reqs, n);
+    if (!rc) rc = run_steps(e, &run, reqs, n, outputs, on_logits, ctx);
+    for (int i = 0; !rc && i < n; i++) {
+        e->num_prompt_tokens += reqs[i].num_prompt;
+        if (!outputs[i].token_ids) rc = mv_error("engine: request %d never finished", i);
+    }
+    e->num_cached_tokens = run.sched.num_cached_tokens_admitted;
+    e->num_preemptions = run.sched.num_preemptions;
+    if (rc) engine_outputs_free(outputs, n);
+    scheduler_free(&run.sched);
+    sampler_free(&run.sampler);
+    free(run.logits);
+    free(run.sampled);
+    free(run.rng);
+    e->elapsed_s = now_s() - t0;
+    return rc;
+}

@@ -1,0 +1,107 @@
+/*
+ * chapters/09-engine/engine.h - the inference engine: requests in, tokens out.
+ *
+ * Where it sits: on top of everything. It loads a model directory
+ * (config.json, generation_config.json, the safetensors weights and, when
+ * present, the tokenizer), builds a scheduler (chapter 08) and a model
+ * runner (model_runner.h), and runs the loop nano-vllm's LLMEngine runs:
+ *
+ *     while requests are unfinished:
+ *         step    = scheduler_schedule()          which tokens run, where their K/V go
+ *         logits  = model_runner_step(step)        one forward pass
+ *         tokens  = sampler_sample(logits)          one per sampled row, per-request rng
+ *         scheduler_postprocess(tokens)            append, finish on eos / length
+ *
+ * All the requests of one engine_generate() call are added at once and
+ * batched continuously: the scheduler mixes their prefills (chunked when the
+ * token budget is short) and decodes in every step, reuses cached prefix
+ * blocks, and preempts when the cache is full.
+ *
+ * Bad requests: engine_generate() checks every request before running any
+ * (ids inside the vocabulary, the scheduler's own checks: empty prompt,
+ * max_tokens < 1, too long, never fits in the cache...), and a bad one fails
+ * the whole call with -1 and a message naming the request's index. A batch
+ * is then all or nothing, which is what a command-line user expects from a
+ * file with a typo in it.
+ *
+ * Library code: 0 / -1 with mv_error(), never exits.
+ * Tests: tests/test_engine_cpu.c. Try it: ./build/minivllm generate --help
+ */
+#ifndef MV_ENGINE_H
+#define MV_ENGINE_H
+
+#include <stdint.h>
+
+#include "chapters/08-scheduler/scheduler.h"
+#include "chapters/09-engine/model_config.h"
+#include "chapters/09-engine/model_runner.h"
+#include "chapters/09-engine/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    const char *model_dir;
+    runner_device_t device;
+    int max_model_len;           // 0 = min(max_position_embeddings, 4096)
+    int max_num_seqs;            // 0 = 16
+    int max_num_batched_tokens;  // 0 = max(max_model_len, 512) capped at 8192, and >= max_num_seqs
+    int block_size;              // 0 = 16
+    int num_blocks;              // 0 = enough for max_num_seqs full sequences, within kv_cache_bytes
+    long long kv_cache_bytes;    // 0 = 2 GiB: the KV budget when num_blocks is 0
+    int enable_prefix_caching;
+    int num_threads;             // 0 = one per online CPU
+    int progress;                // 1: a progress line on stderr
+} engine_config_t;
+
+// The defaults above (prefix caching on).
+engine_config_t engine_config_default(const char *model_dir);
+
+typedef struct {
+    const int32_t *prompt;       // [num_prompt] token ids
+    int num_prompt;
+    sampling_params_t params;
+    uint64_t seed;               // seeds this request's own splitmix64 state
+} engine_request_t;
+
+typedef struct {
+    int32_t *token_ids;          // [num_tokens] generated ids (an eos that stopped it included), malloc'd
+    int num_tokens;
+    finish_reason_t finish_reason;
+} engine_output_t;
+
+typedef struct engine {
+    engine_config_t cfg;         // with the defaults filled in
+    qwen3_config_t model;
+    st_model_t *weights;         // the mapped checkpoint
+    tokenizer_t *tokenizer;      // NULL when the directory has none
+    model_runner_t *runner;
+    scheduler_config_t sched_cfg;
+    // statistics of the last engine_generate
+    long long num_steps, num_prompt_tokens, num_generated_tokens, num_cached_tokens, num_preemptions;
+    double elapsed_s;
+    int failed_request;          // the request a failing engine_generate named, else -1
+} engine_t;
+
+// Optional hook: called with each sampled row's logits [vocab] before sampling.
+// gen_index = how many tokens that request had generated before this one.
+typedef void (*engine_logits_fn)(void *ctx, int request, int gen_index, const float *logits, int vocab);
+
+int engine_create(const engine_config_t *cfg, engine_t **out);
+void engine_free(engine_t *e);
+
+// Run requests[0..n) to completion; outputs[i] belongs to requests[i]
+// (free them with engine_outputs_free). -1 with mv_error() naming the
+// request on a bad one (nothing is run then) or on a failing step.
+int engine_generate(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
+                    engine_logits_fn on_logits, void *ctx);
+void engine_outputs_free(engine_output_t *outputs, int n);
+
+// "stop" (an eos id) or "length" (max_tokens or max_model_len), as vLLM says.
+const char *engine_finish_reason(finish_reason_t r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
