@@ -12,6 +12,8 @@
 #   SANITIZE=1               AddressSanitizer + UBSan build in build-san/ (CPU half)
 #   DEPS_PREFIX=/opt/deps    where Debian packages were unpacked with dpkg -x
 #                            (the GPU machine, which has no package registry)
+#   MODEL=DIR                `make run` ends by generating from this Hugging Face
+#                            Qwen3 directory (weights + tokenizer), PROMPT="..."
 
 BUILD      ?= build
 # The real Qwen3 tokenizer and config (no weights) for the tests that need
@@ -148,11 +150,22 @@ deps:
 deps-test:
 	@bash common/deps.sh --test $(if $(DEPS_PREFIX),--prefix $(DEPS_PREFIX))
 
-# Every chapter in order, one summary line each.
+# Every chapter in order, one summary line each, then the engine: a tiny
+# checkpoint from tests/data (no tokenizer, so prompts are token ids), or
+# MODEL=DIR with a text prompt.
+MODEL  ?=
+PROMPT ?= Give me a short introduction to large language models.
 run: deps
 	@$(MAKE) --no-print-directory all
 	@echo "== mini-vLLM Lab: every chapter, in order"
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --summary || status=1; done; exit $$status
+ifeq ($(MODEL),)
+	@echo "== minivllm generate (CPU backend) on tests/data/tiny-qwen3-tied, prompts from chapters/09-engine/demo.jsonl"
+	@./$(BUILD)/minivllm generate --model tests/data/tiny-qwen3-tied --input chapters/09-engine/demo.jsonl
+else
+	@echo "== minivllm generate (CPU backend) on $(MODEL)"
+	@./$(BUILD)/minivllm generate --model $(MODEL) --chat --prompt "$(PROMPT)" --max-tokens 64
+endif
 
 # Every chapter executable, full output; fails if any fails.
 check: all
