@@ -139,20 +139,24 @@ static void sha256_file(const char *path, char out[65]) {
 }
 
 // A golden file made from other files than the ones beside it is stale.
-static void check_not_stale(const char *dir, const golden_t *g) {
-    char path[512], sha[65];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    sha256_file(path, sha);
-    cr_assert_str_eq(sha, g->config_sha,
-                     "%s/golden.json is stale: it was made from a config.json whose sha256 is %s, this one's is %s; "
+// 1 and a message naming the script when golden.json was made from other
+// files than the ones beside it, else 0.
+static int golden_is_stale(const char *dir, const golden_t *g, char *msg, size_t cap) {
+    const char *files[2] = {"config.json", "model.safetensors"};
+    const char *want[2] = {g->config_sha, g->weights_sha};
+    for (int k = 0; k < 2; k++) {
+        char path[512], sha[65];
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        sha256_file(path, sha);
+        if (strcmp(sha, want[k]) != 0) {
+            snprintf(msg, cap,
+                     "%s/golden.json is stale: it was made from a %s whose sha256 is %s, this one's is %s; "
                      "rerun python3 %s",
-                     dir, g->config_sha, sha, GOLDEN_SCRIPT);
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    sha256_file(path, sha);
-    cr_assert_str_eq(sha, g->weights_sha,
-                     "%s/golden.json is stale: it was made from a model.safetensors whose sha256 is %s, this one's is "
-                     "%s; rerun python3 %s",
-                     dir, g->weights_sha, sha, GOLDEN_SCRIPT);
+                     dir, files[k], want[k], sha, GOLDEN_SCRIPT);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static engine_t *make_engine(const char *dir, int max_num_seqs, int max_batched, int block_size, int num_blocks,
@@ -202,84 +206,114 @@ Test(engine_golden, goldens_are_not_stale) {
     for (int m = 0; m < N_MODELS; m++) {
         golden_t g;
         golden_load(MODELS[m], &g);
-        check_not_stale(MODELS[m], &g);
+        char msg[1024];
+        cr_expect_eq(golden_is_stale(MODELS[m], &g, msg, sizeof msg), 0, "%s", msg);
         cr_expect_geq(g.n_cases, 4);
         golden_free(&g);
     }
 }
 
-Test(engine_golden, one_request_at_a_time) {
+// The check itself: a copy whose config.json gained a byte is stale, and
+// the message says which file and how to fix it.
+Test(engine_golden, a_changed_checkpoint_makes_the_golden_stale) {
+    char dir[128], cmd[512], out[1024], msg[1024];
+    snprintf(dir, sizeof dir, "/tmp/mv-test-stale-%d", (int)getpid());
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/* %s/ && echo >> %s/config.json", dir, MODELS[0], dir, dir);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", cmd);
+    golden_t g;
+    golden_load(dir, &g);
+    cr_expect_eq(golden_is_stale(dir, &g, msg, sizeof msg), 1);
+    cr_expect(strstr(msg, "config.json") && strstr(msg, GOLDEN_SCRIPT), "%s", msg);
+    golden_free(&g);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    run_command(cmd, out, sizeof out);
+}
+
+// How one golden comparison runs the engine.
+typedef struct {
+    const char *what;
+    int max_num_seqs, max_batched, block_size, num_blocks, prefix_caching;
+    int alone;       // 1: one request per engine_generate call, else all in one call
+    int last_three;  // 1: only the last three cases (the shared-prefix prompts)
+} golden_run_t;
+
+typedef void (*engine_check_fn)(const engine_t *e, const golden_t *g, const char *dir);
+
+// Every tiny model through an engine set up as `run` says; its ids must be
+// the golden ones, then check() (if any) looks at the engine's statistics.
+static void golden_run_all(const golden_run_t *run, engine_check_fn check) {
     for (int m = 0; m < N_MODELS; m++) {
         golden_t g;
         golden_load(MODELS[m], &g);
-        engine_t *e = make_engine(MODELS[m], 4, 256, 16, 0, 0);
-        for (int i = 0; i < g.n_cases; i++) expect_golden(e, &g, i, 1, "alone", MODELS[m]);
+        char stale[1024];
+        cr_assert_eq(golden_is_stale(MODELS[m], &g, stale, sizeof stale), 0, "%s", stale);
+        cr_assert_geq(g.n_cases, 3);
+        engine_t *e = make_engine(MODELS[m], run->max_num_seqs, run->max_batched, run->block_size, run->num_blocks,
+                                  run->prefix_caching);
+        int first = run->last_three ? g.n_cases - 3 : 0, n = g.n_cases - first;
+        if (run->alone)
+            for (int i = first; i < g.n_cases; i++) expect_golden(e, &g, i, 1, run->what, MODELS[m]);
+        else
+            expect_golden(e, &g, first, n, run->what, MODELS[m]);
+        if (check) check(e, &g, MODELS[m]);
         engine_free(e);
         golden_free(&g);
     }
+}
+
+Test(engine_golden, one_request_at_a_time) {
+    golden_run_t run = {"alone", 4, 256, 16, 0, 0, 1, 0};
+    golden_run_all(&run, NULL);
+}
+
+// Every request is admitted in the first step, and they decode together.
+static void check_batched(const engine_t *e, const golden_t *g, const char *dir) {
+    cr_expect_lt(e->num_steps, 2 * g->max_new_tokens, "%s: %lld steps", dir, e->num_steps);
 }
 
 Test(engine_golden, all_prompts_in_one_batch) {
-    for (int m = 0; m < N_MODELS; m++) {
-        golden_t g;
-        golden_load(MODELS[m], &g);
-        engine_t *e = make_engine(MODELS[m], 16, 512, 16, 0, 0);
-        expect_golden(e, &g, 0, g.n_cases, "batched", MODELS[m]);
-        // Every request was admitted in the first step, and they decoded together.
-        cr_expect_lt(e->num_steps, 2 * g.max_new_tokens, "%s: %lld steps", MODELS[m], e->num_steps);
-        engine_free(e);
-        golden_free(&g);
-    }
+    golden_run_t run = {"batched", 16, 512, 16, 0, 0, 0, 0};
+    golden_run_all(&run, check_batched);
 }
 
 // The last three prompts share their first 40 tokens: with block_size 16
-// the second and third find two full blocks (32 tokens) in the prefix cache.
+// the second and third find two full blocks (32 tokens) each in the prefix
+// cache; with block_size 4, ten blocks (40 tokens) each.
+static void check_prefix_16(const engine_t *e, const golden_t *g, const char *dir) {
+    int first = g->n_cases - 3;
+    cr_assert_eq(memcmp(g->cases[first].prompt, g->cases[first + 1].prompt, 32 * sizeof(int32_t)), 0,
+                 "%s: the last three prompts should share a prefix (see %s)", dir, GOLDEN_SCRIPT);
+    cr_expect_geq(e->num_cached_tokens, 2 * 32, "%s: %lld prompt tokens came from the prefix cache", dir,
+                  e->num_cached_tokens);
+}
+
+static void check_prefix_4(const engine_t *e, const golden_t *g, const char *dir) {
+    cr_expect_geq(e->num_cached_tokens, 2 * 40, "%s: %lld prompt tokens came from the prefix cache", dir,
+                  e->num_cached_tokens);
+}
+
 Test(engine_golden, prefix_cache_hits_give_the_same_ids) {
-    for (int m = 0; m < N_MODELS; m++) {
-        golden_t g;
-        golden_load(MODELS[m], &g);
-        cr_assert_geq(g.n_cases, 3);
-        int first = g.n_cases - 3;
-        cr_assert_eq(memcmp(g.cases[first].prompt, g.cases[first + 1].prompt, 32 * sizeof(int32_t)), 0,
-                     "%s: the last three prompts should share a prefix (see %s)", MODELS[m], GOLDEN_SCRIPT);
-        engine_t *e = make_engine(MODELS[m], 8, 256, 16, 0, 1);
-        expect_golden(e, &g, first, 3, "prefix-cached", MODELS[m]);
-        cr_expect_geq(e->num_cached_tokens, 64, "%s: %lld prompt tokens came from the prefix cache", MODELS[m],
-                      e->num_cached_tokens);
-        // Blocks of 4 tokens: more, smaller hits, and partial last blocks.
-        engine_free(e);
-        e = make_engine(MODELS[m], 8, 256, 4, 0, 1);
-        expect_golden(e, &g, first, 3, "prefix-cached (block 4)", MODELS[m]);
-        cr_expect_geq(e->num_cached_tokens, 2 * 40 - 8, "%s: %lld cached tokens", MODELS[m], e->num_cached_tokens);
-        engine_free(e);
-        golden_free(&g);
-    }
+    golden_run_t run16 = {"prefix-cached (block 16)", 8, 256, 16, 0, 1, 0, 1};
+    golden_run_t run4 = {"prefix-cached (block 4)", 8, 256, 4, 0, 1, 0, 1};
+    golden_run_all(&run16, check_prefix_16);
+    golden_run_all(&run4, check_prefix_4);
 }
 
 Test(engine_golden, chunked_prefill_gives_the_same_ids) {
-    for (int m = 0; m < N_MODELS; m++) {
-        golden_t g;
-        golden_load(MODELS[m], &g);
-        engine_t *e = make_engine(MODELS[m], 4, 16, 16, 0, 1);
-        expect_golden(e, &g, 0, g.n_cases, "chunked (16 tokens per step)", MODELS[m]);
-        engine_free(e);
-        golden_free(&g);
-    }
+    golden_run_t run = {"chunked (16 tokens per step)", 4, 16, 16, 0, 1, 0, 0};
+    golden_run_all(&run, NULL);
+}
+
+static void check_preempted(const engine_t *e, const golden_t *g, const char *dir) {
+    cr_expect_gt(e->num_preemptions, 0, "%s: nothing was preempted", dir);
 }
 
 // 30 blocks of 4 tokens hold the longest request (100 + 12 tokens needs 28)
 // and little more: decodes run out of blocks, sequences are preempted and
 // recomputed later (partly from the prefix cache), and must still agree.
 Test(engine_golden, preemption_gives_the_same_ids) {
-    for (int m = 0; m < N_MODELS; m++) {
-        golden_t g;
-        golden_load(MODELS[m], &g);
-        engine_t *e = make_engine(MODELS[m], 8, 128, 4, 30, 1);
-        expect_golden(e, &g, 0, g.n_cases, "preempted", MODELS[m]);
-        cr_expect_gt(e->num_preemptions, 0, "%s: nothing was preempted", MODELS[m]);
-        engine_free(e);
-        golden_free(&g);
-    }
+    golden_run_t run = {"preempted", 8, 128, 4, 30, 1, 0, 0};
+    golden_run_all(&run, check_preempted);
 }
 
 typedef struct {
@@ -631,4 +665,56 @@ Test(generate_cli, bad_input_lines_are_named) {
     snprintf(where, sizeof where, "%s:2:", in);
     cr_expect(strstr(out, where) && strstr(out, "max_model_len"), "%s", out);
     remove(in);
+}
+
+// Text prompts: the tiny tied checkpoint with the real Qwen3 tokenizer beside
+// it (symlinks in a temporary directory). Byte-level BPE gives short ASCII
+// texts ids below 512, inside the tiny vocabulary; the chat template's
+// <|im_start|> (151644) is not, and is refused by name.
+Test(generate_cli, text_prompts_with_a_tokenizer) {
+    const char *qwen = qwen3_dir_or_skip("generate with a tokenizer");
+    char dir[128], cmd[2048], out[16384], path[256];
+    snprintf(dir, sizeof dir, "/tmp/mv-test-gen-tok-%d", (int)getpid());
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s && for f in config.json generation_config.json model.safetensors; do ln -sf \"$PWD/%s/$f\" "
+             "%s/$f; done && for f in tokenizer.json tokenizer_config.json; do ln -sf \"%s/$f\" %s/$f; done",
+             dir, MODELS[0], dir, qwen, dir);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", cmd);
+    snprintf(path, sizeof path, "%s/out.jsonl", dir);
+    snprintf(cmd, sizeof cmd,
+             "./%s/minivllm generate --model %s --prompt '1+1=' --prompt 'a' --temperature 0 --max-tokens 6 "
+             "--ignore-eos --output %s 2>&1",
+             MV_BUILD_DIR, dir, path);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char line[8192];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *o = cJSON_Parse(line);
+        cr_assert_not_null(o);
+        int32_t ids[MAX_IDS];
+        int k = ids_from_json(cJSON_GetObjectItem(o, "token_ids"), ids, MAX_IDS);
+        cr_expect_eq(k, 6);
+        // The text is the tokenizer's decoding of the ids (special tokens skipped).
+        char list[1024] = "", *p = list;
+        for (int i = 0; i < k; i++) p += snprintf(p, sizeof list - (size_t)(p - list), i ? ",%d" : "%d", ids[i]);
+        snprintf(cmd, sizeof cmd, "./%s/minivllm detokenize --model %s --ids %s --skip-special --json", MV_BUILD_DIR,
+                 dir, list);
+        char want[4096];
+        cr_assert_eq(run_command(cmd, want, sizeof want), 0, "%s", want);
+        cJSON *w = cJSON_Parse(want);
+        cr_assert(cJSON_IsString(w), "%s", want);
+        cr_expect_str_eq(cJSON_GetObjectItem(o, "text")->valuestring, w->valuestring);
+        cJSON_Delete(w);
+        cJSON_Delete(o);
+        n++;
+    }
+    fclose(f);
+    cr_expect_eq(n, 2);
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --chat --prompt 'a' 2>&1", MV_BUILD_DIR, dir);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "--prompt #1") && strstr(out, "151644"), "%s", out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    run_command(cmd, out, sizeof out);
 }

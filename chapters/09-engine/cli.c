@@ -5,8 +5,12 @@
  */
 #include "chapters/09-engine/cli.h"
 
+#include <errno.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/check.h"
 
 int cli_error(const char *cmd, int status, const char *fmt, ...) {
     fflush(stdout);
@@ -81,4 +85,22 @@ void cli_print_json_string(FILE *f, const char *s, size_t n) {
         else fputc(c, f);
     }
     fputs("\"\n", f);
+}
+
+int cli_for_each_line(const char *path, cli_line_fn fn, void *ctx) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
+    if (!f) return mv_error("cannot open %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long line_no = 0;
+    int rc = 0;
+    while (!rc && (n = getline(&line, &cap, f)) >= 0) {
+        line_no++;
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        rc = fn(line, (size_t)n, line_no, ctx);
+    }
+    free(line);
+    if (f != stdin) fclose(f);
+    return rc;
 }

@@ -41,6 +41,11 @@ int cli_error(const char *cmd, int status, const char *fmt, ...) __attribute__((
 void cli_print_ids(FILE *f, const int32_t *ids, size_t n);
 void cli_print_json_string(FILE *f, const char *s, size_t n);
 
+// Read FILE ("-" = stdin) one line at a time, the line ending cut off, and
+// call fn(line, len, line_no, ctx) for each (line_no from 1) until one
+// returns non-zero, which is returned.
+typedef int (*cli_line_fn)(const char *line, size_t len, long line_no, void *ctx);
+int cli_for_each_line(const char *path, cli_line_fn fn, void *ctx);
 // Commands (cmd_tokenize.c).
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

@@ -230,31 +230,22 @@ static int error_at(const char *path, long line_no) {
     return mv_error("%s:%ld: %s", path, line_no, what);
 }
 
-static int read_input(gen_ctx_t *c) {
-    FILE *f = strcmp(c->path, "-") == 0 ? stdin : fopen(c->path, "r");
-    if (!f) return mv_error("cannot open %s: %s", c->path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    long line_no = 0;
-    int rc = 0;
-    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
-        line_no++;
-        size_t k = 0;
-        while (k < (size_t)len && strchr(" \t\r\n", line[k])) k++;
-        if (k == (size_t)len) continue;  // blank line
-        cJSON *req = cJSON_ParseWithLengthOpts(line, (size_t)len + 1, NULL, 0);
-        gen_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no};
-        rc = req ? parse_request(c, req, &r) : mv_error("not valid JSON");
-        cJSON_Delete(req);
-        if (!rc) rc = push_request(c, &r);
-        if (rc) {
-            tok_ids_free(&r.prompt);
-            error_at(c->path, line_no);
-        }
+// One line of --input: blank lines are skipped; a bad line stops the command.
+static int input_line(const char *line, size_t len, long line_no, void *p) {
+    gen_ctx_t *c = p;
+    size_t k = 0;
+    while (k < len && strchr(" \t", line[k])) k++;
+    if (k == len) return 0;
+    // len + 1: cJSON then checks that nothing follows the object.
+    cJSON *req = cJSON_ParseWithLengthOpts(line, len + 1, NULL, 1);
+    gen_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no};
+    int rc = req ? parse_request(c, req, &r) : mv_error("not valid JSON");
+    cJSON_Delete(req);
+    if (!rc) rc = push_request(c, &r);
+    if (rc) {
+        tok_ids_free(&r.prompt);
+        error_at(c->path, line_no);
     }
-    free(line);
-    if (f != stdin) fclose(f);
     return rc;
 }
 
@@ -380,7 +371,7 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
             mv_error("--prompt #%d: %s", i + 1, what);
         }
     }
-    if (!rc && a->input) rc = read_input(&c);
+    if (!rc && a->input) rc = cli_for_each_line(a->input, input_line, &c);
     if (!rc && c.n == 0) rc = mv_error("no requests: give --prompt or a non-empty --input");
     engine_request_t *reqs = calloc((size_t)(c.n ? c.n : 1), sizeof *reqs);
     engine_output_t *outs = calloc((size_t)(c.n ? c.n : 1), sizeof *outs);

@@ -64,27 +64,6 @@ static int error_in(const char *path, long line_no) {
     return mv_error("%s:%ld: %s", path, line_no, what);
 }
 
-// Read FILE one line at a time; calls fn(line, len, line_no, ctx) for each.
-typedef int (*line_fn)(const char *line, size_t len, long line_no, void *ctx);
-
-static int for_each_line(const char *path, line_fn fn, void *ctx) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
-    if (!f) return mv_error("cannot open %s: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long line_no = 0;
-    int rc = 0;
-    while (!rc && (n = getline(&line, &cap, f)) >= 0) {
-        line_no++;
-        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
-        rc = fn(line, (size_t)n, line_no, ctx);
-    }
-    free(line);
-    if (f != stdin) fclose(f);
-    return rc;
-}
-
 typedef struct {
     tokenizer_t *tok;
     const char *path;
@@ -200,7 +179,7 @@ int cmd_tokenize(int argc, char **argv) {
         rc = tokenizer_encode(c.tok, text, strlen(text), &c.ids);
         if (!rc) cli_print_ids(stdout, c.ids.data, c.ids.len);
     } else {
-        rc = for_each_line(input, tokenize_line, &c);
+        rc = cli_for_each_line(input, tokenize_line, &c);
         if (!rc && bench) rc = run_bench(&c, repeat, load_s);
     }
     if (rc) cli_error("tokenize", CLI_FAIL, "%s", mv_last_error());
@@ -309,7 +288,7 @@ int cmd_detokenize(int argc, char **argv) {
         if (!rc && c.json) cli_print_json_string(stdout, c.text.data, c.text.len);
         else if (!rc) printf("%s\n", c.text.data);
     } else if (!rc) {
-        rc = for_each_line(input, detok_line, &c);
+        rc = cli_for_each_line(input, detok_line, &c);
     }
     if (rc) cli_error("detokenize", CLI_FAIL, "%s", mv_last_error());
     tok_ids_free(&c.ids);
