@@ -202,13 +202,19 @@ static void expect_golden(engine_t *e, const golden_t *g, int first, int n, cons
 
 // ---- the golden comparisons --------------------------------------------------------------
 
+// Every test that compares with a golden file loads it through here, so a
+// stale one fails first, with the hint, rather than as a wrong token.
+static void golden_load_fresh(const char *dir, golden_t *g) {
+    golden_load(dir, g);
+    char msg[1024];
+    cr_assert_eq(golden_is_stale(dir, g, msg, sizeof msg), 0, "%s", msg);
+    cr_assert_geq(g->n_cases, 4, "%s/golden.json: %d cases (rerun %s)", dir, g->n_cases, GOLDEN_SCRIPT);
+}
+
 Test(engine_golden, goldens_are_not_stale) {
     for (int m = 0; m < N_MODELS; m++) {
         golden_t g;
-        golden_load(MODELS[m], &g);
-        char msg[1024];
-        cr_expect_eq(golden_is_stale(MODELS[m], &g, msg, sizeof msg), 0, "%s", msg);
-        cr_expect_geq(g.n_cases, 4);
+        golden_load_fresh(MODELS[m], &g);
         golden_free(&g);
     }
 }
@@ -244,10 +250,7 @@ typedef void (*engine_check_fn)(const engine_t *e, const golden_t *g, const char
 static void golden_run_all(const golden_run_t *run, engine_check_fn check) {
     for (int m = 0; m < N_MODELS; m++) {
         golden_t g;
-        golden_load(MODELS[m], &g);
-        char stale[1024];
-        cr_assert_eq(golden_is_stale(MODELS[m], &g, stale, sizeof stale), 0, "%s", stale);
-        cr_assert_geq(g.n_cases, 3);
+        golden_load_fresh(MODELS[m], &g);
         engine_t *e = make_engine(MODELS[m], run->max_num_seqs, run->max_batched, run->block_size, run->num_blocks,
                                   run->prefix_caching);
         int first = run->last_three ? g.n_cases - 3 : 0, n = g.n_cases - first;
@@ -316,6 +319,81 @@ Test(engine_golden, preemption_gives_the_same_ids) {
     golden_run_all(&run, check_preempted);
 }
 
+// ---- float32 checkpoints ----------------------------------------------------------------
+
+// dst_dir/model.safetensors: every tensor of src_dir's checkpoint as F32
+// (bf16 -> f32 is exact), in the format's layout: u64 header length, the
+// JSON header padded with spaces to 8 bytes, then the data back to back.
+static void write_f32_checkpoint(const char *src_dir, const char *dst_dir) {
+    st_model_t *m;
+    cr_assert_eq(st_open(src_dir, &m), 0, "%s", mv_last_error());
+    cJSON *h = cJSON_CreateObject();
+    size_t off = 0;
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const st_tensor_t *t = &m->tensors[i];
+        size_t bytes = (size_t)st_numel(t) * 4;
+        cJSON *e = cJSON_AddObjectToObject(h, t->name);
+        cJSON_AddStringToObject(e, "dtype", "F32");
+        cJSON *shape = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON *offs = cJSON_AddArrayToObject(e, "data_offsets");
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + bytes)));
+        off += bytes;
+    }
+    char *header = cJSON_PrintUnformatted(h);
+    size_t len = strlen(header), padded = (len + 7) / 8 * 8;
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dst_dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    uint64_t n = padded;  // little-endian on the lab's x86-64 and arm64 hosts
+    fwrite(&n, 8, 1, f);
+    fwrite(header, 1, len, f);
+    for (size_t k = len; k < padded; k++) fputc(' ', f);
+    for (size_t i = 0; i < m->n_tensors; i++) {
+        const st_tensor_t *t = &m->tensors[i];
+        size_t numel = (size_t)st_numel(t);
+        bf16_t *b = malloc(numel * sizeof *b);
+        float *x = malloc(numel * sizeof *x);
+        cr_assert(b && x);
+        st_to_bf16(t, b);
+        bf16_to_float_array(x, b, numel);
+        fwrite(x, sizeof *x, numel, f);
+        free(b);
+        free(x);
+    }
+    cr_assert_eq(fclose(f), 0);
+    free(header);
+    cJSON_Delete(h);
+    st_close(m);
+}
+
+// The same weights stored as F32 must give the same ids: the loader
+// converts them to bf16 exactly (every value is a bf16 value).
+Test(engine_golden, float32_checkpoints_give_the_same_ids) {
+    for (int m = 0; m < N_MODELS; m++) {
+        char dir[128], cmd[512], out[1024];
+        snprintf(dir, sizeof dir, "/tmp/mv-test-f32-%d-%d", (int)getpid(), m);
+        snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/generation_config.json %s/", dir, MODELS[m],
+                 MODELS[m], dir);
+        cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", cmd);
+        write_f32_checkpoint(MODELS[m], dir);
+        st_model_t *st;
+        cr_assert_eq(st_open(dir, &st), 0, "%s", mv_last_error());
+        cr_expect_eq(st->tensors[0].dtype, ST_F32);
+        st_close(st);
+        golden_t g;
+        golden_load_fresh(MODELS[m], &g);
+        engine_t *e = make_engine(dir, 16, 512, 16, 0, 1);
+        expect_golden(e, &g, 0, g.n_cases, "f32 checkpoint", MODELS[m]);
+        engine_free(e);
+        golden_free(&g);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        run_command(cmd, out, sizeof out);
+    }
+}
+
 typedef struct {
     float *logits[MAX_CASES];  // [vocab] the first step's logits of each request
     int vocab;
@@ -332,7 +410,7 @@ static void capture_first(void *ctx, int request, int gen_index, const float *lo
 Test(engine_golden, first_step_logits_match_transformers) {
     for (int m = 0; m < N_MODELS; m++) {
         golden_t g;
-        golden_load(MODELS[m], &g);
+        golden_load_fresh(MODELS[m], &g);
         engine_t *e = make_engine(MODELS[m], 16, 512, 16, 0, 0);
         engine_request_t reqs[MAX_CASES];
         engine_output_t outs[MAX_CASES];
@@ -451,7 +529,7 @@ Test(sampler, bad_parameters_and_logits_are_errors) {
 // request draws from its own splitmix64 state.
 Test(engine_sampling, same_seed_same_tokens_in_any_batch) {
     golden_t g;
-    golden_load(MODELS[0], &g);
+    golden_load_fresh(MODELS[0], &g);
     engine_t *e = make_engine(MODELS[0], 16, 512, 16, 0, 1);
     sampling_params_t p = {0.9f, 50, 0.95f, 12, 1};
     engine_request_t reqs[MAX_CASES];
@@ -480,7 +558,7 @@ Test(engine_sampling, eos_stops_with_finish_reason_stop) {
     // Case 1's greedy continuation reaches eos id 2 at its 9th token: without
     // ignore_eos the request stops there, the eos id included.
     golden_t g;
-    golden_load(MODELS[0], &g);
+    golden_load_fresh(MODELS[0], &g);
     int c = -1, at = -1;
     for (int i = 0; i < g.n_cases && c < 0; i++)
         for (int k = 0; k < g.cases[i].n_greedy; k++)
@@ -543,7 +621,7 @@ static void write_file(const char *path, const char *text) {
 
 Test(generate_cli, jsonl_in_jsonl_out_matches_the_golden) {
     golden_t g;
-    golden_load(MODELS[0], &g);
+    golden_load_fresh(MODELS[0], &g);
     char in[128], out[128], cmd[1024], buf[16384];
     snprintf(in, sizeof in, "/tmp/mv-test-gen-in-%d.jsonl", (int)getpid());
     snprintf(out, sizeof out, "/tmp/mv-test-gen-out-%d.jsonl", (int)getpid());

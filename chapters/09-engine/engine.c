@@ -46,7 +46,10 @@ static int resolve_config(engine_config_t *c, const qwen3_config_t *m) {
     if (c->max_model_len > m->max_position_embeddings)
         return mv_error("engine: max_model_len %d is longer than the model's max_position_embeddings %d",
                         c->max_model_len, m->max_position_embeddings);
-    if (c->max_num_seqs == 0) c->max_num_seqs = 16;
+    // Default rows: 16, or fewer when a small token budget was asked for
+    // (every row needs at least one token of the budget per step).
+    if (c->max_num_seqs == 0)
+        c->max_num_seqs = c->max_num_batched_tokens > 0 && c->max_num_batched_tokens < 16 ? c->max_num_batched_tokens : 16;
     if (c->max_num_batched_tokens == 0) {
         int t = c->max_model_len > 512 ? c->max_model_len : 512;
         c->max_num_batched_tokens = t < 8192 ? t : 8192;

@@ -45,7 +45,7 @@ typedef struct {
     const char *model_dir;
     runner_device_t device;
     int max_model_len;           // 0 = min(max_position_embeddings, 4096)
-    int max_num_seqs;            // 0 = 16
+    int max_num_seqs;            // 0 = 16 (or max_num_batched_tokens when that is smaller)
     int max_num_batched_tokens;  // 0 = max(max_model_len, 512) capped at 8192, and >= max_num_seqs
     int block_size;              // 0 = 16
     int num_blocks;              // 0 = enough for max_num_seqs full sequences, within kv_cache_bytes
