@@ -693,6 +693,7 @@ Test(generate_cli, help_wrong_args_and_no_cuda) {
         {"--model tests/data/tiny-qwen3-tied --input x --max-tokens banana", "banana"},
         {"--model tests/data/tiny-qwen3-tied --input x --top-p 0", "--top-p"},
         {"--model tests/data/tiny-qwen3-tied --input x --device tpu", "tpu"},
+        {"--model tests/data/tiny-qwen3-tied --input x --kv-cache-gib -1", "--kv-cache-gib"},
         {"--input x", "--model"},
         {"--model tests/data/tiny-qwen3-tied", "--input"},
     };
@@ -704,6 +705,11 @@ Test(generate_cli, help_wrong_args_and_no_cuda) {
     snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --device cuda --input x 2>&1", MV_BUILD_DIR, MODELS[0]);
     cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
     cr_expect(strstr(out, "the cuda backend is not built yet") != NULL, "%s", out);
+    // A KV budget too small for one sequence says which options to change.
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input x --kv-cache-gib 0.0001 2>&1", MV_BUILD_DIR,
+             MODELS[0]);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "--kv-cache-gib") && strstr(out, "--max-model-len"), "%s", out);
 }
 
 Test(generate_cli, bad_input_lines_are_named) {

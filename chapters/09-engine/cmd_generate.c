@@ -306,7 +306,7 @@ static int collect_prompts(int argc, char **argv, const char ***out) {
 
 typedef struct {
     const char *model, *device, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed;
-    const char *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads;
+    const char *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
     int chat, ignore_eos, no_prefix;
 } gen_args_t;
 
@@ -325,6 +325,9 @@ static int engine_options(const gen_args_t *a, engine_config_t *ec) {
     ec->block_size = (int)v[3];
     ec->num_blocks = (int)v[4];
     ec->num_threads = (int)v[5];
+    float gib = 0;
+    if (parse_float("--kv-cache-gib", a->kv_gib, 0, 1 << 20, 1, &gib)) return CLI_USAGE;
+    ec->kv_cache_bytes = (long long)((double)gib * (double)(1LL << 30));
     ec->enable_prefix_caching = !a->no_prefix;
     if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda")) return bad_arg("--device", a->device, "cpu or cuda");
     return CLI_OK;
@@ -428,7 +431,8 @@ int cmd_generate(int argc, char **argv) {
         {"--max-num-seqs", "N", "sequences per step (default 16)", &a.max_num_seqs, NULL},
         {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks", &a.max_batched, NULL},
         {"--block-size", "N", "tokens per KV-cache block (default 16)", &a.block_size, NULL},
-        {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within 2 GiB)", &a.num_blocks, NULL},
+        {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within --kv-cache-gib)", &a.num_blocks, NULL},
+        {"--kv-cache-gib", "G", "KV-cache memory when --num-blocks is not given (default 2)", &a.kv_gib, NULL},
         {"--threads", "N", "CPU threads, 0 = one per CPU (default)", &a.threads, NULL},
         {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a.no_prefix},
     };

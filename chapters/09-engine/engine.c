@@ -66,7 +66,8 @@ static int resolve_config(engine_config_t *c, const qwen3_config_t *m) {
         long long nb = want < fit ? want : fit;
         if (nb < per_seq)
             return mv_error("engine: the KV cache budget (%lld bytes) holds %lld blocks of %d tokens, fewer than one "
-                            "sequence of max_model_len %d needs (%d): lower --max-model-len or raise --num-blocks",
+                            "sequence of max_model_len %d needs (%d): lower --max-model-len, or raise --kv-cache-gib "
+                            "or --num-blocks",
                             c->kv_cache_bytes, fit, c->block_size, c->max_model_len, per_seq);
         c->num_blocks = (int)nb;
     }
