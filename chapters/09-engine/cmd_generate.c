@@ -391,7 +391,9 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
         }
     }
     if (!rc) {
-        FILE *f = a->output ? fopen(a->output, "w") : stdout;
+        // "--output -" is standard output in JSONL form, as "--input -" is standard input.
+        int to_stdout = !a->output || !strcmp(a->output, "-");
+        FILE *f = to_stdout ? stdout : fopen(a->output, "w");
         if (!f) rc = mv_error("cannot open %s: %s", a->output, strerror(errno));
         if (!rc) rc = write_outputs(&c, outs, f, a->output != NULL);
         if (f && f != stdout && fclose(f) && !rc) rc = mv_error("cannot write %s: %s", a->output, strerror(errno));
@@ -418,7 +420,7 @@ int cmd_generate(int argc, char **argv) {
         {"--device", "DEV", "cpu (default; the only backend built yet) or cuda", &a.device, NULL},
         {"--prompt", "TEXT", "a text prompt (repeatable; needs tokenizer.json)", &a.prompt, NULL},
         {"--input", "FILE", "JSON lines of requests (\"-\" = stdin)", &a.input, NULL},
-        {"--output", "FILE", "write one JSON line per request here (default: text on stdout)", &a.output, NULL},
+        {"--output", "FILE", "write one JSON line per request here, - for stdout (default: text on stdout)", &a.output, NULL},
         {"--chat", NULL, "wrap each text prompt as a user message (Qwen3 chat template)", NULL, &a.chat},
         {"--max-tokens", "N", "tokens to generate per request (default 16)", &a.max_tokens, NULL},
         {"--temperature", "T", "0 = greedy (default: generation_config.json, else 1)", &a.temperature, NULL},
