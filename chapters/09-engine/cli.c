@@ -6,6 +6,7 @@
 #include "chapters/09-engine/cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,81 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt_t *opts, int n, 
             *o->value = argv[++i];
         }
     }
+    return CLI_OK;
+}
+
+static int bad_value(const char *cmd, const char *opt, const char *v, const char *what) {
+    return cli_error(cmd, CLI_USAGE, "%s '%s' is not %s", opt, v, what);
+}
+
+int cli_parse_long(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out) {
+    if (!v) return CLI_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || errno || x < lo || x > hi) {
+        char what[96];
+        snprintf(what, sizeof what, "an integer in [%ld, %ld]", lo, hi);
+        return bad_value(cmd, opt, v, what);
+    }
+    *out = x;
+    return CLI_OK;
+}
+
+int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, double hi, int lo_open, float *out) {
+    if (!v) return CLI_OK;
+    char *end;
+    double x = strtod(v, &end);
+    if (!*v || *end || !isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
+        char what[96];
+        snprintf(what, sizeof what, "a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
+        return bad_value(cmd, opt, v, what);
+    }
+    *out = (float)x;
+    return CLI_OK;
+}
+
+int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
+    const cli_opt_t o[CLI_ENGINE_N_OPTS] = {
+        {"--device", "DEV", "cpu (default; the only backend built yet) or cuda", &a->device, NULL},
+        {"--max-model-len", "N", "prompt + generated tokens (default min(max_position_embeddings, 4096))",
+         &a->max_model_len, NULL},
+        {"--max-num-seqs", "N", "sequences per step (default 16)", &a->max_num_seqs, NULL},
+        {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks", &a->max_batched, NULL},
+        {"--block-size", "N", "tokens per KV-cache block (default 16)", &a->block_size, NULL},
+        {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within --kv-cache-gib)", &a->num_blocks,
+         NULL},
+        {"--kv-cache-gib", "G", "KV-cache memory when --num-blocks is not given (default 2)", &a->kv_gib, NULL},
+        {"--threads", "N", "CPU threads, 0 = one per CPU (default)", &a->threads, NULL},
+        {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a->no_prefix},
+    };
+    memcpy(opts, o, sizeof o);
+    return CLI_ENGINE_N_OPTS;
+}
+
+int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec) {
+    long v[6] = {0};
+    if (cli_parse_long(cmd, "--max-model-len", a->max_model_len, 1, 1 << 24, &v[0]) ||
+        cli_parse_long(cmd, "--max-num-seqs", a->max_num_seqs, 1, 1 << 16, &v[1]) ||
+        cli_parse_long(cmd, "--max-num-batched-tokens", a->max_batched, 1, 1 << 24, &v[2]) ||
+        cli_parse_long(cmd, "--block-size", a->block_size, 1, 1 << 16, &v[3]) ||
+        cli_parse_long(cmd, "--num-blocks", a->num_blocks, 1, 1 << 24, &v[4]) ||
+        cli_parse_long(cmd, "--threads", a->threads, 0, 4096, &v[5]))
+        return CLI_USAGE;
+    ec->max_model_len = (int)v[0];
+    ec->max_num_seqs = (int)v[1];
+    ec->max_num_batched_tokens = (int)v[2];
+    ec->block_size = (int)v[3];
+    ec->num_blocks = (int)v[4];
+    ec->num_threads = (int)v[5];
+    float gib = 0;
+    if (cli_parse_float(cmd, "--kv-cache-gib", a->kv_gib, 0, 1 << 20, 1, &gib)) return CLI_USAGE;
+    ec->kv_cache_bytes = (long long)((double)gib * (double)(1LL << 30));
+    ec->enable_prefix_caching = !a->no_prefix;
+    if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
+        return bad_value(cmd, "--device", a->device, "cpu or cuda");
+    if (a->device && strcmp(a->device, "cuda") == 0)
+        return cli_error(cmd, CLI_FAIL, "the cuda backend is not built yet (use --device cpu)");
     return CLI_OK;
 }
 

@@ -13,6 +13,7 @@
 
 #include <stdio.h>
 
+#include "chapters/09-engine/engine.h"
 #include "chapters/09-engine/tokenizer.h"
 
 #ifdef __cplusplus
@@ -37,6 +38,28 @@ int cli_parse(const char *cmd, const char *usage, const cli_opt_t *opts, int n_o
 // "minivllm CMD: <message>" on stderr; returns `status`.
 int cli_error(const char *cmd, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+// Number options. v == NULL (not given) leaves *out as it is, the default;
+// a value that is not a number in [lo, hi] (lo excluded when lo_open) prints
+// "minivllm CMD: OPT 'v' is not ..." and returns CLI_USAGE; else CLI_OK.
+int cli_parse_long(const char *cmd, const char *opt, const char *v, long lo, long hi, long *out);
+int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, double hi, int lo_open, float *out);
+
+// The engine's options, shared by every command that runs the engine
+// (generate, bench): --device, --max-model-len, --max-num-seqs,
+// --max-num-batched-tokens, --block-size, --num-blocks, --kv-cache-gib,
+// --threads, --no-prefix-caching.
+typedef struct {
+    const char *device, *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
+    int no_prefix;
+} cli_engine_args_t;
+enum { CLI_ENGINE_N_OPTS = 9 };
+// Write the CLI_ENGINE_N_OPTS option entries, bound to *a, into opts[];
+// returns CLI_ENGINE_N_OPTS.
+int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);
+// The parsed options over engine_config_default's zeros. CLI_USAGE naming a
+// bad value, CLI_FAIL for --device cuda (not built yet), else CLI_OK.
+int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec);
+
 // Output helpers: a JSON list "[1, 2, 3]" and a JSON string, each on one line.
 void cli_print_ids(FILE *f, const int32_t *ids, size_t n);
 void cli_print_json_string(FILE *f, const char *s, size_t n);
@@ -53,6 +76,8 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 // cmd_generate.c
 int cmd_generate(int argc, char **argv);
+// cmd_bench.c
+int cmd_bench(int argc, char **argv);
 
 #ifdef __cplusplus
 }

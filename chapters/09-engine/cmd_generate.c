@@ -74,37 +74,6 @@ typedef struct {
     int n, cap;
 } gen_ctx_t;
 
-static int bad_arg(const char *opt, const char *v, const char *what) {
-    return cli_error("generate", CLI_USAGE, "%s '%s' is not %s", opt, v, what);
-}
-
-static int parse_long(const char *opt, const char *v, long lo, long hi, long *out) {
-    if (!v) return 0;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || errno || x < lo || x > hi) {
-        char what[96];
-        snprintf(what, sizeof what, "an integer in [%ld, %ld]", lo, hi);
-        return bad_arg(opt, v, what);
-    }
-    *out = x;
-    return 0;
-}
-
-static int parse_float(const char *opt, const char *v, double lo, double hi, int lo_open, float *out) {
-    if (!v) return 0;
-    char *end;
-    double x = strtod(v, &end);
-    if (!*v || *end || !isfinite(x) || x > hi || x < lo || (lo_open && x == lo)) {
-        char what[96];
-        snprintf(what, sizeof what, "a number in %s%g, %g]", lo_open ? "(" : "[", lo, hi);
-        return bad_arg(opt, v, what);
-    }
-    *out = (float)x;
-    return 0;
-}
-
 static int push_request(gen_ctx_t *c, gen_request_t *r) {
     if (c->n == c->cap) {
         int cap = c->cap ? 2 * c->cap : 16;
@@ -305,42 +274,20 @@ static int collect_prompts(int argc, char **argv, const char ***out) {
 }
 
 typedef struct {
-    const char *model, *device, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed;
-    const char *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
-    int chat, ignore_eos, no_prefix;
+    const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed;
+    cli_engine_args_t eng;
+    int chat, ignore_eos;
 } gen_args_t;
-
-static int engine_options(const gen_args_t *a, engine_config_t *ec) {
-    long v[6] = {0};
-    if (parse_long("--max-model-len", a->max_model_len, 1, 1 << 24, &v[0]) ||
-        parse_long("--max-num-seqs", a->max_num_seqs, 1, 1 << 16, &v[1]) ||
-        parse_long("--max-num-batched-tokens", a->max_batched, 1, 1 << 24, &v[2]) ||
-        parse_long("--block-size", a->block_size, 1, 1 << 16, &v[3]) ||
-        parse_long("--num-blocks", a->num_blocks, 1, 1 << 24, &v[4]) ||
-        parse_long("--threads", a->threads, 0, 4096, &v[5]))
-        return CLI_USAGE;
-    ec->max_model_len = (int)v[0];
-    ec->max_num_seqs = (int)v[1];
-    ec->max_num_batched_tokens = (int)v[2];
-    ec->block_size = (int)v[3];
-    ec->num_blocks = (int)v[4];
-    ec->num_threads = (int)v[5];
-    float gib = 0;
-    if (parse_float("--kv-cache-gib", a->kv_gib, 0, 1 << 20, 1, &gib)) return CLI_USAGE;
-    ec->kv_cache_bytes = (long long)((double)gib * (double)(1LL << 30));
-    ec->enable_prefix_caching = !a->no_prefix;
-    if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda")) return bad_arg("--device", a->device, "cpu or cuda");
-    return CLI_OK;
-}
 
 // The command line's sampling values over generation_config.json's.
 static int sampling_options(const gen_args_t *a, const qwen3_config_t *m, sampling_params_t *p, uint64_t *seed) {
     long max_tokens = 16, top_k = m->top_k, s = 0;
     *p = (sampling_params_t){m->temperature, m->top_k, m->top_p, 16, a->ignore_eos};
-    if (parse_long("--max-tokens", a->max_tokens, 1, INT_MAX, &max_tokens) ||
-        parse_float("--temperature", a->temperature, 0, 1e6, 0, &p->temperature) ||
-        parse_long("--top-k", a->top_k, 0, INT_MAX, &top_k) || parse_float("--top-p", a->top_p, 0, 1, 1, &p->top_p) ||
-        parse_long("--seed", a->seed, 0, LONG_MAX, &s))
+    const char *cmd = "generate";
+    if (cli_parse_long(cmd, "--max-tokens", a->max_tokens, 1, INT_MAX, &max_tokens) ||
+        cli_parse_float(cmd, "--temperature", a->temperature, 0, 1e6, 0, &p->temperature) ||
+        cli_parse_long(cmd, "--top-k", a->top_k, 0, INT_MAX, &top_k) ||
+        cli_parse_float(cmd, "--top-p", a->top_p, 0, 1, 1, &p->top_p) || cli_parse_long(cmd, "--seed", a->seed, 0, LONG_MAX, &s))
         return CLI_USAGE;
     p->max_tokens = (int)max_tokens;
     p->top_k = (int)top_k;
@@ -350,10 +297,8 @@ static int sampling_options(const gen_args_t *a, const qwen3_config_t *m, sampli
 
 static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     engine_config_t ec = engine_config_default(a->model);
-    int st = engine_options(a, &ec);
+    int st = cli_engine_config("generate", &a->eng, &ec);
     if (st) return st;
-    if (a->device && strcmp(a->device, "cuda") == 0)
-        return cli_error("generate", CLI_FAIL, "the cuda backend is not built yet (use --device cpu)");
     ec.progress = isatty(STDERR_FILENO);
     gen_ctx_t c = {.path = a->input, .chat = a->chat};
     // Parse the numbers before loading anything: a typo costs nothing.
@@ -415,9 +360,8 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
 
 int cmd_generate(int argc, char **argv) {
     gen_args_t a = {0};
-    cli_opt_t opts[] = {
+    const cli_opt_t own[] = {
         {"--model", "DIR", "Hugging Face model directory", &a.model, NULL},
-        {"--device", "DEV", "cpu (default; the only backend built yet) or cuda", &a.device, NULL},
         {"--prompt", "TEXT", "a text prompt (repeatable; needs tokenizer.json)", &a.prompt, NULL},
         {"--input", "FILE", "JSON lines of requests (\"-\" = stdin)", &a.input, NULL},
         {"--output", "FILE", "write one JSON line per request here, - for stdout (default: text on stdout)", &a.output, NULL},
@@ -428,17 +372,12 @@ int cmd_generate(int argc, char **argv) {
         {"--top-p", "P", "nucleus in (0, 1], 1 = off (default: generation_config.json)", &a.top_p, NULL},
         {"--seed", "S", "request i without \"seed\" uses S + i (default 0)", &a.seed, NULL},
         {"--ignore-eos", NULL, "keep generating after an end-of-sequence token", NULL, &a.ignore_eos},
-        {"--max-model-len", "N", "prompt + generated tokens (default min(max_position_embeddings, 4096))",
-         &a.max_model_len, NULL},
-        {"--max-num-seqs", "N", "sequences per step (default 16)", &a.max_num_seqs, NULL},
-        {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks", &a.max_batched, NULL},
-        {"--block-size", "N", "tokens per KV-cache block (default 16)", &a.block_size, NULL},
-        {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within --kv-cache-gib)", &a.num_blocks, NULL},
-        {"--kv-cache-gib", "G", "KV-cache memory when --num-blocks is not given (default 2)", &a.kv_gib, NULL},
-        {"--threads", "N", "CPU threads, 0 = one per CPU (default)", &a.threads, NULL},
-        {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a.no_prefix},
     };
-    int st = cli_parse("generate", GENERATE_USAGE, opts, (int)(sizeof opts / sizeof *opts), argc, argv);
+    enum { N_OWN = sizeof own / sizeof *own };
+    cli_opt_t opts[N_OWN + CLI_ENGINE_N_OPTS];
+    memcpy(opts, own, sizeof own);
+    int n_opts = N_OWN + cli_engine_opts(&a.eng, opts + N_OWN);
+    int st = cli_parse("generate", GENERATE_USAGE, opts, n_opts, argc, argv);
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!a.model) return cli_error("generate", CLI_USAGE, "--model DIR is required");

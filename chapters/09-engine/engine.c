@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chapters/09-engine/qwen3_weights.h"
 #include "chapters/09-engine/sampler.h"
 #include "common/check.h"
 #include "reference/embedding.h"
@@ -37,8 +38,7 @@ engine_config_t engine_config_default(const char *model_dir) {
 
 const char *engine_finish_reason(finish_reason_t r) { return r == FINISH_EOS ? "stop" : "length"; }
 
-// Fill the zeros of *c from the model, and check what was given.
-static int resolve_config(engine_config_t *c, const qwen3_config_t *m) {
+int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m) {
     if (c->max_model_len < 0 || c->max_num_seqs < 0 || c->max_num_batched_tokens < 0 || c->block_size < 0 ||
         c->num_blocks < 0 || c->kv_cache_bytes < 0 || c->num_threads < 0)
         return mv_error("engine: sizes must be >= 0 (0 = the default)");
@@ -99,13 +99,22 @@ int engine_create(const engine_config_t *cfg, engine_t **out) {
     engine_t *e = calloc(1, sizeof *e);
     if (!e) return mv_error("engine: out of memory");
     e->cfg = *cfg;
-    if (qwen3_config_load(cfg->model_dir, &e->model) || resolve_config(&e->cfg, &e->model) ||
-        st_open(cfg->model_dir, &e->weights) || load_tokenizer(e))
+    if (qwen3_config_load(cfg->model_dir, &e->model) || engine_config_resolve(&e->cfg, &e->model))
         goto fail;
+    if (cfg->random_weights ? qwen3_weights_random(&e->model, cfg->weights_seed, 0.02f, &e->weights)
+                            : st_open(cfg->model_dir, &e->weights))
+        goto fail;
+    if (load_tokenizer(e)) goto fail;
     const engine_config_t *c = &e->cfg;
     runner_config_t rc = {c->device, c->max_num_batched_tokens, c->max_num_seqs, c->max_model_len,
                           c->block_size, c->num_blocks, c->num_threads};
     if (model_runner_create(&e->model, e->weights, &rc, &e->runner)) goto fail;
+    // The runner converted the weights into its own buffers. A mapped file
+    // costs nothing to keep, but random weights are a second copy in memory.
+    if (cfg->random_weights) {
+        st_close(e->weights);
+        e->weights = NULL;
+    }
     scheduler_config_t *sc = &e->sched_cfg;
     *sc = (scheduler_config_t){c->max_num_seqs, c->max_num_batched_tokens, c->max_model_len, c->block_size,
                                c->num_blocks, c->enable_prefix_caching, {0}, 0};

@@ -53,10 +53,16 @@ typedef struct {
     int enable_prefix_caching;
     int num_threads;             // 0 = one per online CPU
     int progress;                // 1: a progress line on stderr
+    int random_weights;          // 1: no weights file; seeded random ones for config.json's shapes
+                                 //    (qwen3_weights_random, std 0.02): for timing, not for text
+    uint64_t weights_seed;       // the seed of random_weights
 } engine_config_t;
 
 // The defaults above (prefix caching on).
 engine_config_t engine_config_default(const char *model_dir);
+// Fill the zeros of *c with the defaults for model m and check the sizes,
+// as engine_create does: a command can check its options before loading.
+int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m);
 
 typedef struct {
     const int32_t *prompt;       // [num_prompt] token ids
@@ -74,7 +80,7 @@ typedef struct {
 typedef struct engine {
     engine_config_t cfg;         // with the defaults filled in
     qwen3_config_t model;
-    st_model_t *weights;         // the mapped checkpoint
+    st_model_t *weights;         // the mapped checkpoint; NULL with random_weights once the runner has its copy
     tokenizer_t *tokenizer;      // NULL when the directory has none
     model_runner_t *runner;
     scheduler_config_t sched_cfg;

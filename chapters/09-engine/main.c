@@ -6,8 +6,8 @@
  *   minivllm detokenize --model DIR --ids 9707          ids -> text
  *   minivllm inspect    --model DIR                     check and describe a model directory
  *   minivllm generate   --model DIR --prompt "Hello"    run the engine (CPU backend for now)
- * `bench` arrives with the CUDA backend; adding a command is one line in
- * COMMANDS below (see cli.h).
+ *   minivllm bench      --model DIR --random-weights    time the engine: output and total tok/s
+ * Adding a command is one line in COMMANDS below (see cli.h).
  *
  * Build and run:  make && ./build/minivllm --help
  * Exit status: 0 success, 1 failure (bad input or model files), 2 bad arguments.
@@ -28,6 +28,7 @@ static const command_t COMMANDS[] = {
     {"detokenize", "token ids -> text", cmd_detokenize},
     {"inspect", "check a model directory (config, weights) and describe it", cmd_inspect},
     {"generate", "prompts -> generated tokens with the engine (continuous batching)", cmd_generate},
+    {"bench", "time the engine on random requests: output tok/s and total tok/s", cmd_bench},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/check.h"
+#include "common/rng.h"
 
 typedef struct {
     const qwen3_config_t *c;
@@ -48,15 +49,25 @@ static int bind(binder_t *b, const char *name, int64_t d0, int64_t d1, const st_
     return 0;
 }
 
-static int bind_layer(binder_t *b, int i, qwen3_layer_weights_t *l) {
-    const qwen3_config_t *c = b->c;
+// The tensors of layer i: name, shape ([d0] when d1 < 0) and the field of
+// *l that holds it. One table for binding a checkpoint and for building
+// random weights (qwen3_weights_random), so the two cannot disagree.
+typedef struct {
+    char name[128];
+    int64_t d0, d1;
+    const st_tensor_t **slot;
+} tensor_want_t;
+
+enum { LAYER_MAX_TENSORS = 15 };
+
+static int layer_tensors(const qwen3_config_t *c, int i, qwen3_layer_weights_t *l, tensor_want_t *want) {
     int64_t H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
     int64_t q = (int64_t)c->num_attention_heads * hd, kv = (int64_t)c->num_key_value_heads * hd;
-    struct {
+    const struct {
         const char *suffix;
         int64_t d0, d1;
         const st_tensor_t **slot;
-    } want[] = {
+    } table[LAYER_MAX_TENSORS] = {
         {"input_layernorm.weight", H, -1, &l->input_layernorm},
         {"self_attn.q_proj.weight", q, H, &l->q_proj},
         {"self_attn.k_proj.weight", kv, H, &l->k_proj},
@@ -68,7 +79,7 @@ static int bind_layer(binder_t *b, int i, qwen3_layer_weights_t *l) {
         {"mlp.gate_proj.weight", I, H, &l->gate_proj},
         {"mlp.up_proj.weight", I, H, &l->up_proj},
         {"mlp.down_proj.weight", H, I, &l->down_proj},
-        // Only with attention_bias (the loop below stops before these otherwise).
+        // Only with attention_bias (n below stops before these otherwise).
         {"self_attn.q_proj.bias", q, -1, &l->q_bias},
         {"self_attn.k_proj.bias", kv, -1, &l->k_bias},
         {"self_attn.v_proj.bias", kv, -1, &l->v_bias},
@@ -76,10 +87,19 @@ static int bind_layer(binder_t *b, int i, qwen3_layer_weights_t *l) {
     };
     int n = c->attention_bias ? 15 : 11;
     for (int k = 0; k < n; k++) {
-        char name[128];
-        snprintf(name, sizeof name, "model.layers.%d.%s", i, want[k].suffix);
-        if (bind(b, name, want[k].d0, want[k].d1, want[k].slot)) return -1;
+        snprintf(want[k].name, sizeof want[k].name, "model.layers.%d.%s", i, table[k].suffix);
+        want[k].d0 = table[k].d0;
+        want[k].d1 = table[k].d1;
+        want[k].slot = table[k].slot;
     }
+    return n;
+}
+
+static int bind_layer(binder_t *b, int i, qwen3_layer_weights_t *l) {
+    tensor_want_t want[LAYER_MAX_TENSORS];
+    int n = layer_tensors(b->c, i, l, want);
+    for (int k = 0; k < n; k++)
+        if (bind(b, want[k].name, want[k].d0, want[k].d1, want[k].slot)) return -1;
     return 0;
 }
 
@@ -136,4 +156,54 @@ int qwen3_weights_bind(const qwen3_config_t *c, const st_model_t *m, qwen3_weigh
 void qwen3_weights_free(qwen3_weights_t *w) {
     free(w->layers);
     *w = (qwen3_weights_t){0};
+}
+
+// ---- random weights ---------------------------------------------------------------------
+
+static void push_spec(st_tensor_t *specs, size_t *n, const char *name, int64_t d0, int64_t d1) {
+    st_tensor_t *t = &specs[(*n)++];
+    *t = (st_tensor_t){.name = name, .dtype = ST_BF16, .ndim = d1 < 0 ? 1 : 2, .shape = {d0, d1 < 0 ? 0 : d1}};
+}
+
+// Norm weights are RMSNorm's gain: 1 is its identity, as HF initialises it.
+static int is_norm(const char *name) {
+    size_t n = strlen(name), k = strlen("norm.weight");
+    return n >= k && strcmp(name + n - k, "norm.weight") == 0;
+}
+
+int qwen3_weights_random(const qwen3_config_t *c, uint64_t seed, float std, st_model_t **out) {
+    *out = NULL;
+    const size_t per_layer = LAYER_MAX_TENSORS, L = (size_t)c->num_hidden_layers;
+    tensor_want_t *want = calloc(L * per_layer + 1, sizeof *want);
+    st_tensor_t *specs = calloc(L * per_layer + 3, sizeof *specs);
+    qwen3_layer_weights_t unused;
+    int rc = want && specs ? 0 : mv_error("random weights: out of memory");
+    size_t n = 0;
+    if (!rc) {
+        push_spec(specs, &n, "model.embed_tokens.weight", c->vocab_size, c->hidden_size);
+        push_spec(specs, &n, "model.norm.weight", c->hidden_size, -1);
+        if (!c->tie_word_embeddings) push_spec(specs, &n, "lm_head.weight", c->vocab_size, c->hidden_size);
+        for (size_t i = 0; i < L; i++) {
+            tensor_want_t *w = want + i * per_layer;
+            int k = layer_tensors(c, (int)i, &unused, w);
+            for (int j = 0; j < k; j++) push_spec(specs, &n, w[j].name, w[j].d0, w[j].d1);
+        }
+        rc = st_model_alloc("random weights", specs, n, out);
+    }
+    free(specs);
+    free(want);
+    if (rc) return -1;
+    // One stream over the tensors in name order: the same seed gives the same weights.
+    rng_t rng;
+    rng_seed(&rng, seed);
+    for (size_t i = 0; i < (*out)->n_tensors; i++) {
+        const st_tensor_t *t = &(*out)->tensors[i];
+        bf16_t *d = st_model_data(*out, t);
+        size_t k = (size_t)st_numel(t);
+        if (is_norm(t->name))
+            for (size_t j = 0; j < k; j++) d[j] = float_to_bf16(1.0f);
+        else if (strstr(t->name, "_proj.bias")) continue;  // zeros, as HF initialises a Linear's bias
+        else fill_normal_bf16(&rng, d, k, 0.0f, std);
+    }
+    return 0;
 }

@@ -72,6 +72,15 @@ typedef struct {
 int qwen3_weights_bind(const qwen3_config_t *c, const st_model_t *m, qwen3_weights_t *w);
 void qwen3_weights_free(qwen3_weights_t *w);
 
+// A checkpoint that was never saved: every tensor qwen3_weights_bind expects
+// for config c, bf16, in memory (st_model_alloc), drawn from `seed` as
+// Hugging Face initialises a Qwen3 (matrices and embeddings normal(0, std),
+// std = initializer_range, 0.02; norm weights 1; biases 0). It binds, converts
+// and runs exactly as a loaded checkpoint does, so real shapes can be timed
+// (`minivllm bench --random-weights`) from config.json alone. The same seed
+// gives the same weights. Free with st_close.
+int qwen3_weights_random(const qwen3_config_t *c, uint64_t seed, float std, st_model_t **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -299,8 +299,51 @@ void st_close(st_model_t *m) {
     list_free(&l);
     for (int i = 0; i < m->n_files; i++) mapped_file_close(&m->files[i]);
     free(m->files);
+    free(m->owned);
     free(m->source);
     free(m);
+}
+
+int st_model_alloc(const char *source, const st_tensor_t *specs, size_t n, st_model_t **out) {
+    *out = NULL;
+    st_model_t *m = calloc(1, sizeof *m);
+    tensor_list_t l = {0};
+    size_t total = 0;
+    int rc = m && (m->source = strdup(source)) ? 0 : -1;
+    for (size_t i = 0; !rc && i < n; i++) {
+        st_tensor_t *t = list_push(&l);
+        if (!t || !(t->name = strdup(specs[i].name))) {
+            rc = -1;
+            break;
+        }
+        t->dtype = specs[i].dtype;
+        t->ndim = specs[i].ndim;
+        memcpy(t->shape, specs[i].shape, sizeof t->shape);
+        t->file = m->source;
+        t->nbytes = (size_t)st_numel(t) * st_dtype_size(t->dtype);
+        // Each tensor starts 64-byte aligned: offsets first, pointers once the block exists.
+        t->data = (const void *)(uintptr_t)total;
+        total += (t->nbytes + 63) / 64 * 64;
+    }
+    if (!rc && !(m->owned = calloc(total ? total : 1, 1))) rc = -1;
+    for (size_t i = 0; !rc && i < l.n; i++) l.t[i].data = (const char *)m->owned + (uintptr_t)l.t[i].data;
+    if (m) {
+        m->tensors = l.t;
+        m->n_tensors = l.n;
+    } else {
+        list_free(&l);
+    }
+    if (rc) {
+        st_close(m);
+        return mv_error("%s: out of memory (%zu bytes of tensors)", source, total);
+    }
+    qsort(m->tensors, m->n_tensors, sizeof *m->tensors, cmp_tensor_name);
+    *out = m;
+    return 0;
+}
+
+void *st_model_data(st_model_t *m, const st_tensor_t *t) {
+    return m->owned ? (char *)m->owned + ((const char *)t->data - (const char *)m->owned) : NULL;
 }
 
 // Map and parse files[0..n_files) (their paths already in files[i].path

@@ -76,6 +76,7 @@ typedef struct {
     int n_files;
     st_tensor_t *tensors;   // [n_tensors] sorted by name (st_find is a binary search)
     size_t n_tensors;
+    void *owned;            // st_model_alloc only: the one malloc'd block holding every tensor's data
 } st_model_t;
 
 // Open and check the weights of a model directory. 0 and *out on success;
@@ -83,7 +84,17 @@ typedef struct {
 int st_open(const char *model_dir, st_model_t **out);
 // Open and check one .safetensors file, whatever its name.
 int st_open_file(const char *path, st_model_t **out);
-// Unmap everything; NULL is fine. Tensor pointers die with the model.
+// A model that lives in memory, not in a file: n tensors with the names,
+// dtypes and shapes of specs[0..n) (their data/nbytes/file are ignored),
+// their data zeroed in one owned block. The caller fills the data through
+// st_model_data() before anyone reads it. This is how weights that were never
+// saved (random weights to time real shapes, `minivllm bench --random-weights`)
+// go through the same binding, checking and conversion as a checkpoint.
+// `source` names it in messages. -1 with mv_error() when out of memory.
+int st_model_alloc(const char *source, const st_tensor_t *specs, size_t n, st_model_t **out);
+// Writable data of tensor t of an st_model_alloc model (NULL for a mapped one).
+void *st_model_data(st_model_t *m, const st_tensor_t *t);
+// Unmap (or free) everything; NULL is fine. Tensor pointers die with the model.
 void st_close(st_model_t *m);
 // The tensor called `name`, or NULL.
 const st_tensor_t *st_find(const st_model_t *m, const char *name);
