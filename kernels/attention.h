@@ -1,0 +1,108 @@
+/*
+ * kernels/attention.h - attention over the paged KV cache on the GPU,
+ * callable from C: prefill (many query tokens per sequence, causal, varlen)
+ * and decode (one query token per sequence).
+ *
+ * The math, the end-aligned causal mask, GQA and the cache layout are those of
+ * the CPU reference, reference/attention.h (read it first):
+ *
+ *   k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim] bf16
+ *   token j of sequence s at block_tables[s * max_blocks + j / block_size],
+ *   offset j % block_size; query i of n new tokens sees keys
+ *   j <= context_len - n + i; query head h reads kv head h / (H / Hkv).
+ *
+ * bf16 q, k, v and out; fp32 scores, online softmax and accumulation.
+ * q rows may have any stride (a view into the QKV projection output
+ * [T, (H + 2*Hkv) * D], so q_stride = (H + 2*Hkv) * D); out is contiguous
+ * [T, H, D].
+ *
+ * The batch description (cu_seqlens_q, context_lens, block_tables) must be
+ * checked on the host first with attention_validate_paged_batch()
+ * (reference/attention.h): a launcher cannot read device memory. The
+ * host-side sizes passed here (max_seqlen_q, max_context_len) must be upper
+ * bounds of the device arrays' values; an upper bound larger than the true
+ * maximum is allowed (it only launches blocks that find no work), which is
+ * what a CUDA graph captured once for many steps needs.
+ *
+ * Supported shapes: head_dim 64 or 128, block_size a power of two in
+ * 16..256, num_heads a multiple of num_kv_heads; anything else is refused
+ * with a message naming the value.
+ *
+ * Versions:
+ *   prefill 1  naive: ...
+ *   prefill 2  flash: ...
+ *   decode  1  naive: ...
+ *   decode  2  split: ...
+ */
+#ifndef MV_KERNELS_ATTENTION_H
+#define MV_KERNELS_ATTENTION_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/bf16.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ATTN_PREFILL_NUM_VERSIONS 2
+#define ATTN_PREFILL_FAST 2  // the version the engine uses
+#define ATTN_DECODE_NUM_VERSIONS 2
+#define ATTN_DECODE_FAST 2   // the version the engine uses
+#define ATTN_DECODE_MAX_SPLITS 64
+
+const char *attention_prefill_version_name(int version);
+const char *attention_decode_version_name(int version);
+
+// Prefill over the paged cache (what the engine calls: the new tokens' k and
+// v are already stored in the cache by chapter 06's store_kvcache_cuda).
+//   d_out [T_q, num_heads, head_dim], d_q rows of q_stride elements,
+//   d_cu_seqlens_q [num_seqs + 1], d_context_lens [num_seqs],
+//   d_block_tables [num_seqs, max_blocks]; max_seqlen_q >= every sequence's
+//   new tokens.
+int attention_prefill_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                           const bf16_t *d_k_cache, const bf16_t *d_v_cache, const int32_t *d_cu_seqlens_q,
+                           const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
+                           int max_seqlen_q, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                           int num_blocks, int max_blocks, float scale, cudaStream_t stream);
+
+// Prefill with keys packed contiguously, FlashAttention's varlen interface:
+//   d_k, d_v [T_k, num_kv_heads, head_dim] with row strides k_stride, v_stride
+//   (elements); sequence s has queries cu_seqlens_q[s] ..< cu_seqlens_q[s+1]
+//   and keys cu_seqlens_k[s] ..< cu_seqlens_k[s+1], the same end-aligned mask.
+int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                                  const bf16_t *d_k, long long k_stride, const bf16_t *d_v, long long v_stride,
+                                  const int32_t *d_cu_seqlens_q, const int32_t *d_cu_seqlens_k, int num_seqs,
+                                  int max_seqlen_q, int num_heads, int num_kv_heads, int head_dim, float scale,
+                                  cudaStream_t stream);
+
+// How many pieces the split decode cuts each sequence's context into for
+// this shape (1 = unsplit): enough thread blocks to fill the GPU's SMs when
+// num_seqs * num_kv_heads alone does not, and no piece shorter than a few
+// blocks of keys. At most ATTN_DECODE_MAX_SPLITS.
+int attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len, int block_size);
+
+// Bytes of device workspace the split decode needs (partial outputs and
+// their softmax max and sum) for up to num_seqs sequences and num_splits
+// pieces. 0 when num_splits is 1.
+size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, int head_dim, int num_splits);
+
+// Decode: one query per sequence over its whole context in the cache.
+//   d_out [num_seqs, num_heads, head_dim], d_q rows of q_stride elements.
+// num_splits: 0 = attention_decode_num_splits(), 1 = unsplit, n = n pieces
+// (version 2 only; version 1 takes 0 or 1). d_workspace must hold
+// attention_decode_workspace_bytes() for the splits used (may be NULL when
+// unsplit). A piece that starts past a sequence's context contributes
+// nothing, so max_context_len may be an upper bound.
+int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                          const bf16_t *d_k_cache, const bf16_t *d_v_cache, const int32_t *d_context_lens,
+                          const int32_t *d_block_tables, int num_seqs, int max_context_len, int num_heads,
+                          int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
+                          float scale, void *d_workspace, size_t workspace_bytes, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
