@@ -751,6 +751,84 @@ Test(generate_cli, bad_input_lines_are_named) {
     remove(in);
 }
 
+// --logits-out: the first-step logits of every request, in input order, as a
+// float32 .npy that numpy.load reads (the layout cmd_generate.c's header
+// describes), equal to transformers' golden logits. The input lists golden
+// cases 2, 0, 1 (untied model) and a 32-token budget chunks the prefills, so
+// the rows arrive out of order and in different steps.
+Test(generate_cli, logits_out_writes_the_first_step_logits_as_npy) {
+    golden_t g;
+    golden_load_fresh(MODELS[1], &g);
+    const int order[3] = {2, 0, 1};
+    char in[128], npy[128], cmd[1024], out[16384];
+    snprintf(in, sizeof in, "/tmp/mv-test-logits-in-%d.jsonl", (int)getpid());
+    snprintf(npy, sizeof npy, "/tmp/mv-test-logits-%d.npy", (int)getpid());
+    FILE *f = fopen(in, "w");
+    cr_assert_not_null(f);
+    for (int r = 0; r < 3; r++) {
+        const golden_case_t *gc = &g.cases[order[r]];
+        cr_assert_not_null(gc->first_logits, "golden case %d has no first_logits", order[r]);
+        fprintf(f, "{\"prompt_token_ids\": [");
+        for (int k = 0; k < gc->n_prompt; k++) fprintf(f, k ? ", %d" : "%d", gc->prompt[k]);
+        fprintf(f, "], \"max_tokens\": 2}\n");
+    }
+    fclose(f);
+    snprintf(cmd, sizeof cmd,
+             "./%s/minivllm generate --model %s --input %s --output /dev/null --logits-out %s "
+             "--max-num-batched-tokens 32 2>&1",
+             MV_BUILD_DIR, MODELS[1], in, npy);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s\n%s", cmd, out);
+    // The .npy: magic, version 1.0, a header dict naming '<f4' and the shape, data at a multiple of 64.
+    f = fopen(npy, "rb");
+    cr_assert_not_null(f, "%s was not written", npy);
+    unsigned char pre[10];
+    cr_assert_eq(fread(pre, 1, 10, f), 10u);
+    cr_expect(memcmp(pre, "\x93NUMPY\x01\x00", 8) == 0, "not a version 1.0 .npy");
+    int hlen = pre[8] | pre[9] << 8;
+    cr_expect_eq((10 + hlen) % 64, 0, "header length %d: data not 64-byte aligned", hlen);
+    char header[256] = {0};
+    cr_assert(hlen < (int)sizeof header);
+    cr_assert_eq(fread(header, 1, (size_t)hlen, f), (size_t)hlen);
+    cr_expect(strstr(header, "'descr': '<f4'") && strstr(header, "'fortran_order': False") &&
+                  strstr(header, "'shape': (3, 512)") && header[hlen - 1] == '\n',
+              "%s", header);
+    float row[512];
+    for (int r = 0; r < 3; r++) {
+        cr_assert_eq(fread(row, sizeof(float), 512, f), 512u, "row %d", r);
+        const float *want = g.cases[order[r]].first_logits;
+        double err = 0, ref = 0;
+        for (int k = 0; k < 512; k++) {
+            err += ((double)row[k] - want[k]) * ((double)row[k] - want[k]);
+            ref += (double)want[k] * want[k];
+        }
+        cr_expect_lt(err / ref, LOGITS_NMSE_TOL, "row %d (golden case %d): NMSE %.3g", r, order[r], err / ref);
+    }
+    cr_expect_eq(fgetc(f), EOF, "bytes after the last row");
+    fclose(f);
+    remove(npy);
+    // A path that cannot be opened fails before loading, naming the option and the path.
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s --logits-out /nonexistent-dir/l.npy 2>&1",
+             MV_BUILD_DIR, MODELS[1], in);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "--logits-out") && strstr(out, "/nonexistent-dir/l.npy"), "%s", out);
+    // Binary data on stdout, or no path, is refused as a usage error.
+    const char *bad[] = {"--logits-out -", "--logits-out="};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s %s 2>&1", MV_BUILD_DIR, MODELS[1], in,
+                 bad[k]);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s: %s", bad[k], out);
+        cr_expect(strstr(out, "--logits-out") != NULL, "%s: %s", bad[k], out);
+    }
+    // A failing run leaves no half-written file behind.
+    write_file(in, "{\"prompt_token_ids\": [7, 8]}\n{\"prompt_token_ids\": [1, 9999]}\n");
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s --logits-out %s 2>&1", MV_BUILD_DIR,
+             MODELS[1], in, npy);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect_eq(access(npy, F_OK), -1, "%s left behind after a failure", npy);
+    remove(in);
+    golden_free(&g);
+}
+
 // Text prompts: the tiny tied checkpoint with the real Qwen3 tokenizer beside
 // it (symlinks in a temporary directory). Byte-level BPE gives short ASCII
 // texts ids below 512, inside the tiny vocabulary; the chat template's

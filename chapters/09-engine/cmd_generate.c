@@ -22,6 +22,18 @@
  * longer than --max-model-len... stops the command before anything runs,
  * with exit status 1 and a message naming the file, the line and the key.
  * Wrong arguments exit 2 naming the argument.
+ *
+ * --logits-out FILE.npy saves, for every request in input order, the logits
+ * of its first generated token (the prefill's last position: what the first
+ * sampling step saw), as one NumPy .npy array, float32 [num_requests, vocab]:
+ * numpy.load(FILE) reads it, and tests/gpu/compare_hf.py compares it with
+ * transformers. The format (numpy's NEP 1, version 1.0) is simple enough to
+ * read by hand: the 6 bytes "\x93NUMPY", the bytes 1 and 0 (the version), a
+ * little-endian uint16 HLEN, HLEN bytes of a Python dict literal such as
+ *   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 151936), }
+ * padded with spaces and ending in '\n' so that the data starts at a
+ * multiple of 64 bytes, then the rows, little-endian float32, row-major.
+ * The file is opened before the model loads, so a bad path costs nothing.
  */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -31,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "chapters/09-engine/chat.h"
@@ -41,7 +54,7 @@
 static const char GENERATE_USAGE[] =
     "usage: minivllm generate --model DIR [--prompt TEXT]... [--input FILE.jsonl] [--output FILE.jsonl]\n"
     "                         [--chat] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                         [--seed S] [--ignore-eos] [--device cpu|cuda] [engine sizes...]\n"
+    "                         [--seed S] [--ignore-eos] [--logits-out FILE.npy] [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Generate text with a Qwen3 model directory (config.json, safetensors weights, and\n"
     "tokenizer.json for text prompts). Requests come from --prompt (repeatable) and from the\n"
@@ -51,6 +64,7 @@ static const char GENERATE_USAGE[] =
     "(continuous batching). With --output, one JSON line per request, in input order:\n"
     "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"}\n"
     "without it, each request's text (or ids, without a tokenizer) on stdout.\n"
+    "--logits-out FILE.npy: each request's first-step logits, float32 [requests, vocab] (numpy .npy).\n"
     "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
     "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
     "--device: cpu is the only backend built yet, and the default (cuda will become the\n"
@@ -273,8 +287,65 @@ static int collect_prompts(int argc, char **argv, const char ***out) {
     return n;
 }
 
+// ---- --logits-out: the first step's logits as a .npy file (see the header) ----------------
+
+// The .npy layout is little-endian float32: this writer copies the host's floats as they are.
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "--logits-out writes host floats as '<f4'");
+
 typedef struct {
-    const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed;
+    FILE *f;
+    const char *path;
+    int n, vocab;          // the array's shape [n, vocab]
+    long header;           // bytes before row 0
+    unsigned char *seen;   // [n] 1 once request i's row is written
+    char error[512];       // the first failure inside the hook (it cannot return one)
+} logits_out_t;
+
+// NEP 1 version 1.0: magic, version, uint16 header length, dict, padding to 64, '\n'.
+static int npy_write_header(logits_out_t *o) {
+    char dict[128];
+    int len = snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", o->n,
+                       o->vocab);
+    int pad = (64 - (10 + len + 1) % 64) % 64;
+    int hlen = len + pad + 1;
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
+    int ok = fwrite(pre, 1, sizeof pre, o->f) == sizeof pre && fwrite(dict, 1, (size_t)len, o->f) == (size_t)len &&
+             fprintf(o->f, "%*s\n", pad, "") == pad + 1;
+    o->header = 10 + hlen;
+    return ok ? 0 : mv_error("cannot write %s: %s", o->path, strerror(errno));
+}
+
+// engine_logits_fn: keep the row of each request's first sampled token, at its place in the file.
+static void save_first_logits(void *ctx, int request, int gen_index, const float *logits, int vocab) {
+    logits_out_t *o = ctx;
+    if (gen_index != 0 || o->error[0] || request < 0 || request >= o->n || o->seen[request]) return;
+    if (vocab != o->vocab) {
+        snprintf(o->error, sizeof o->error, "%s: a logits row has %d entries, and the vocabulary %d", o->path, vocab,
+                 o->vocab);
+        return;
+    }
+    off_t at = (off_t)o->header + (off_t)request * vocab * (off_t)sizeof(float);
+    if (fseeko(o->f, at, SEEK_SET) || fwrite(logits, sizeof(float), (size_t)vocab, o->f) != (size_t)vocab) {
+        snprintf(o->error, sizeof o->error, "cannot write %s: %s", o->path, strerror(errno));
+        return;
+    }
+    o->seen[request] = 1;
+}
+
+// After generation: every row written, the file closed; on failure the partial file is removed.
+static int logits_out_finish(logits_out_t *o, int ok) {
+    int rc = 0;
+    if (ok && o->error[0]) rc = mv_error("%s", o->error);
+    for (int i = 0; ok && !rc && i < o->n; i++)
+        if (!o->seen[i]) rc = mv_error("%s: request %d produced no first-step logits", o->path, i);
+    if (fclose(o->f) && ok && !rc) rc = mv_error("cannot write %s: %s", o->path, strerror(errno));
+    if (!ok || rc) remove(o->path);
+    free(o->seen);
+    return rc;
+}
+
+typedef struct {
+    const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed, *logits_out;
     cli_engine_args_t eng;
     int chat, ignore_eos;
 } gen_args_t;
@@ -305,7 +376,13 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     qwen3_config_t mc;
     if (qwen3_config_load(a->model, &mc)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
     if ((st = sampling_options(a, &mc, &c.defaults, &c.base_seed))) return st;
-    if (engine_create(&ec, &c.e)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    logits_out_t lo = {.path = a->logits_out, .vocab = mc.vocab_size};
+    if (lo.path && !(lo.f = fopen(lo.path, "wb")))
+        return cli_error("generate", CLI_FAIL, "--logits-out: cannot open %s: %s", lo.path, strerror(errno));
+    if (engine_create(&ec, &c.e)) {
+        if (lo.f) logits_out_finish(&lo, 0);
+        return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    }
     int rc = 0;
     for (int i = 0; i < n_prompts && !rc; i++) {
         gen_request_t r = {.params = c.defaults, .seed = c.base_seed + (uint64_t)c.n, .prompt_arg = i};
@@ -326,7 +403,12 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     if (!rc && (!reqs || !outs)) rc = mv_error("out of memory");
     for (int i = 0; !rc && i < c.n; i++)
         reqs[i] = (engine_request_t){c.reqs[i].prompt.data, (int)c.reqs[i].prompt.len, c.reqs[i].params, c.reqs[i].seed};
-    if (!rc && engine_generate(c.e, reqs, c.n, outs, NULL, NULL)) {
+    if (!rc && lo.f) {
+        lo.n = c.n;
+        lo.seen = calloc((size_t)c.n, 1);
+        rc = lo.seen ? npy_write_header(&lo) : mv_error("out of memory");
+    }
+    if (!rc && engine_generate(c.e, reqs, c.n, outs, lo.f ? save_first_logits : NULL, &lo)) {
         rc = -1;
         if (c.e->failed_request >= 0) {
             char where[512], what[1024];
@@ -335,6 +417,7 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
             mv_error("%s: %s", where, what);
         }
     }
+    if (lo.f && logits_out_finish(&lo, !rc) && !rc) rc = -1;
     if (!rc) {
         // "--output -" is standard output in JSONL form, as "--input -" is standard input.
         int to_stdout = !a->output || !strcmp(a->output, "-");
@@ -372,6 +455,8 @@ int cmd_generate(int argc, char **argv) {
         {"--top-p", "P", "nucleus in (0, 1], 1 = off (default: generation_config.json)", &a.top_p, NULL},
         {"--seed", "S", "request i without \"seed\" uses S + i (default 0)", &a.seed, NULL},
         {"--ignore-eos", NULL, "keep generating after an end-of-sequence token", NULL, &a.ignore_eos},
+        {"--logits-out", "FILE", "save each request's first-step logits, float32 [requests, vocab], as .npy",
+         &a.logits_out, NULL},
     };
     enum { N_OWN = sizeof own / sizeof *own };
     cli_opt_t opts[N_OWN + CLI_ENGINE_N_OPTS];
@@ -381,6 +466,8 @@ int cmd_generate(int argc, char **argv) {
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!a.model) return cli_error("generate", CLI_USAGE, "--model DIR is required");
+    if (a.logits_out && (!*a.logits_out || !strcmp(a.logits_out, "-")))
+        return cli_error("generate", CLI_USAGE, "--logits-out needs a file path (the .npy is binary: not stdout)");
     const char **prompts;
     int n_prompts = collect_prompts(argc, argv, &prompts);
     if (!prompts) return cli_error("generate", CLI_FAIL, "out of memory");
