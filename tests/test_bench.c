@@ -27,14 +27,17 @@
 #define TINY "tests/data/tiny-qwen3-tied"
 
 // The token totals cmd_bench.c's header promises: request i's prompt and
-// output lengths are draws 2i and 2i+1 of rng_int(min, max) from rng_seed(seed).
-static void expected_tokens(uint64_t seed, int n, int lo, int hi, long long *prompt, long long *output) {
+// output lengths are draws 2i and 2i+1 of rng_int(min, max) from rng_seed(seed),
+// each replaced by --prompt-len / --output-len when given (fixed_* > 0).
+static void expected_tokens(uint64_t seed, int n, int lo, int hi, int fixed_prompt, int fixed_output,
+                            long long *prompt, long long *output) {
     rng_t r;
     rng_seed(&r, seed);
     *prompt = *output = 0;
     for (int i = 0; i < n; i++) {
-        *prompt += rng_int(&r, lo, hi);
-        *output += rng_int(&r, lo, hi);
+        int p = rng_int(&r, lo, hi), o = rng_int(&r, lo, hi);
+        *prompt += fixed_prompt ? fixed_prompt : p;
+        *output += fixed_output ? fixed_output : o;
     }
 }
 
@@ -56,20 +59,24 @@ static double num(const cJSON *j, const char *key) {
     return v->valuedouble;
 }
 
-// Run bench on model_dir with `extra` and check its table and JSON against the drawn lengths.
-static void bench_and_check(const char *model_dir, const char *extra, uint64_t seed, int n, int lo, int hi) {
+// Run bench on model_dir with `extra` (and --prompt-len / --output-len when fixed_* > 0)
+// and check its table and JSON against the drawn lengths.
+static void bench_and_check(const char *model_dir, const char *extra, uint64_t seed, int n, int lo, int hi,
+                            int fixed_prompt, int fixed_output) {
     char json[] = "/tmp/mv_bench_XXXXXX";
     int fd = mkstemp(json);
     cr_assert(fd >= 0);
     close(fd);
-    char cmd[2048], out[16384];
+    char cmd[2048], out[16384], fixed[64] = "";
+    if (fixed_prompt) snprintf(fixed, sizeof fixed, "--prompt-len %d ", fixed_prompt);
+    if (fixed_output) snprintf(fixed + strlen(fixed), sizeof fixed - strlen(fixed), "--output-len %d", fixed_output);
     snprintf(cmd, sizeof cmd,
              "./%s/minivllm bench --model %s --num-seqs %d --min-len %d --max-len %d --seed %llu --threads 2 "
-             "--json %s %s 2>&1",
-             MV_BUILD_DIR, model_dir, n, lo, hi, (unsigned long long)seed, json, extra);
+             "--json %s %s %s 2>&1",
+             MV_BUILD_DIR, model_dir, n, lo, hi, (unsigned long long)seed, json, fixed, extra);
     cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s\n%s", cmd, out);
     long long want_prompt, want_output;
-    expected_tokens(seed, n, lo, hi, &want_prompt, &want_output);
+    expected_tokens(seed, n, lo, hi, fixed_prompt, fixed_output, &want_prompt, &want_output);
     char line[128];
     snprintf(line, sizeof line, "prompt tokens    %lld\n", want_prompt);
     cr_expect(strstr(out, line) != NULL, "no '%s' in\n%s", line, out);
@@ -83,22 +90,42 @@ static void bench_and_check(const char *model_dir, const char *extra, uint64_t s
     cr_expect_eq(num(j, "output_tokens"), (double)want_output);
     cr_expect_eq(num(j, "threads"), 2);
     cr_expect(num(j, "generate_s") > 0 && num(j, "load_s") >= 0);
+    // The fixed lengths, or null when drawn.
+    const char *len_keys[2] = {"prompt_len", "output_len"};
+    int fixed_lens[2] = {fixed_prompt, fixed_output};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, len_keys[k]);
+        if (fixed_lens[k]) cr_expect(cJSON_IsNumber(v) && v->valuedouble == fixed_lens[k], "%s", len_keys[k]);
+        else cr_expect(cJSON_IsNull(v), "%s should be null when drawn", len_keys[k]);
+    }
     double tot = (double)(want_prompt + want_output) / num(j, "generate_s");
     cr_expect(fabs(num(j, "total_tok_s") - tot) <= 1e-6 * tot, "total_tok_s %g, want %g", num(j, "total_tok_s"), tot);
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "command");
     cr_expect(cJSON_IsString(c) && strstr(c->valuestring, "minivllm bench --model"), "command");
     cr_expect(cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "date")));
     cr_expect(num(j, "host_cpus") >= 1);
-    cr_expect(cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "config")));
+    const cJSON *config = cJSON_GetObjectItemCaseSensitive(j, "config");
+    cr_expect(cJSON_IsObject(config));
+    cr_expect_gt(num(config, "n_params"), 0);
     cJSON_Delete(j);
     unlink(json);
 }
 
 Test(bench, counts_equal_the_drawn_lengths) {
-    bench_and_check(TINY, "", 0, 6, 3, 17);
-    bench_and_check(TINY, "", 7, 9, 1, 5);
+    bench_and_check(TINY, "", 0, 6, 3, 17, 0, 0);
+    bench_and_check(TINY, "", 7, 9, 1, 5, 0, 0);
     // Equal bounds: every request is exactly that long; a small token budget chunks the prefills.
-    bench_and_check(TINY, "--max-num-batched-tokens 16", 3, 4, 20, 20);
+    bench_and_check(TINY, "--max-num-batched-tokens 16", 3, 4, 20, 20, 0, 0);
+}
+
+// --prompt-len / --output-len replace their draws, alone or together; the
+// single-stream shape (1 request, fixed prompt and output) among them.
+Test(bench, fixed_lengths_replace_the_draws) {
+    bench_and_check(TINY, "", 0, 1, 100, 1024 / 4, 64, 32);  // single stream
+    bench_and_check(TINY, "", 2, 5, 3, 17, 9, 0);
+    bench_and_check(TINY, "", 2, 5, 3, 17, 0, 11);
+    // A fixed length may lie outside [min-len, max-len]: it is not drawn from there.
+    bench_and_check(TINY, "", 4, 3, 10, 20, 200, 1);
 }
 
 Test(bench, random_weights_from_config_json_alone) {
@@ -107,7 +134,7 @@ Test(bench, random_weights_from_config_json_alone) {
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "cp tests/data/tiny-qwen3-untied/config.json %s/", dir);
     cr_assert_eq(system(cmd), 0);
-    bench_and_check(dir, "--random-weights", 5, 4, 2, 9);
+    bench_and_check(dir, "--random-weights", 5, 4, 2, 9, 0, 0);
     // Without --random-weights the missing weights file is the error.
     snprintf(cmd, sizeof cmd, "./%s/minivllm bench --model %s --num-seqs 1 --min-len 1 --max-len 2 2>&1",
              MV_BUILD_DIR, dir);
@@ -126,6 +153,12 @@ Test(bench, bad_arguments_exit_2_naming_them) {
         {"--model " TINY " --max-len 300", "--max-len 300"},  // 600 > max_model_len 512
         {"--model " TINY " --min-len 1 --max-len 60 --max-model-len 100", "--max-model-len"},
         {"--model " TINY " --seed -1", "--seed"},
+        {"--model " TINY " --prompt-len 0", "--prompt-len"},
+        {"--model " TINY " --output-len x", "--output-len"},
+        // max_model_len 512: a fixed prompt plus the longest output (drawn or fixed) must fit.
+        {"--model " TINY " --max-len 100 --prompt-len 450", "--prompt-len 450"},
+        {"--model " TINY " --max-len 100 --output-len 450", "--max-len 100"},
+        {"--model " TINY " --prompt-len 300 --output-len 300", "lower --prompt-len and --output-len"},
         {"--model " TINY " --device tpu", "tpu"},
         {"--model " TINY " --threads many", "--threads"},
         {"--model " TINY " --kv-cache-gib 0", "--kv-cache-gib"},

@@ -3,13 +3,16 @@
  * the engine, vLLM's benchmark_throughput in miniature.
  *
  *   minivllm bench --model DIR [--random-weights] [--num-seqs 256]
- *                  [--min-len 100] [--max-len 1024] [--seed 0] [--json FILE]
+ *                  [--min-len 100] [--max-len 1024] [--prompt-len N] [--output-len N]
+ *                  [--seed 0] [--json FILE]
  *
  * The workload: num-seqs requests, each with a prompt length and an output
  * length drawn uniformly from [min-len, max-len], and a prompt of random ids
  * (uniform over the vocabulary, special and eos ids left out). All of them
  * are submitted at once, as a batch job would, and the engine batches them
- * continuously. Greedy sampling (temperature 0): the cheapest sampler, and
+ * continuously. --prompt-len N and --output-len N fix the prompt or the
+ * output length of every request instead of drawing it: single-stream
+ * decode is --num-seqs 1 --prompt-len 512 --output-len 256. Greedy sampling (temperature 0): the cheapest sampler, and
  * the only choice that does not make the timing depend on a seed.
  *
  * Why ignore_eos: a request must generate exactly its drawn output length.
@@ -39,7 +42,9 @@
  * Requests, lengths and ids are reproducible: request i's prompt and output
  * lengths are draws 2i and 2i+1 of rng_int(min-len, max-len) from
  * rng_seed(seed) (common/rng.h); the prompt ids come from a second stream,
- * rng_seed(seed + 1), request after request.
+ * rng_seed(seed + 1), request after request. A fixed length replaces its
+ * draw (the draws are still made, so fixing the output length leaves the
+ * prompt lengths and ids as they were).
  *
  * Exit status: 0, 1 (bad model files, a failing run), 2 (bad arguments,
  * named). Try it: make && ./build/minivllm bench --model tests/data/tiny-qwen3-tied
@@ -62,23 +67,25 @@
 
 static const char BENCH_USAGE[] =
     "usage: minivllm bench --model DIR [--random-weights] [--num-seqs N] [--min-len N] [--max-len N]\n"
-    "                      [--seed S] [--json FILE] [--device cpu|cuda] [engine sizes...]\n"
+    "                      [--prompt-len N] [--output-len N] [--seed S] [--json FILE]\n"
+    "                      [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Time the engine on N requests whose prompt and output lengths are drawn uniformly from\n"
-    "[--min-len, --max-len], with random prompt ids, greedy sampling (temperature 0) and\n"
+    "[--min-len, --max-len] (or fixed by --prompt-len / --output-len), with random prompt ids, greedy sampling (temperature 0) and\n"
     "ignore_eos (every request generates exactly its drawn length). Prints requests, prompt and\n"
     "output tokens, load and generate seconds, output tok/s and total tok/s (prompt + output);\n"
     "--json FILE writes the same with the command line, date and host. --random-weights draws\n"
     "the weights from --seed instead of reading them: DIR then needs only config.json.";
 
 typedef struct {
-    const char *model, *num_seqs, *min_len, *max_len, *seed, *json;
+    const char *model, *num_seqs, *min_len, *max_len, *prompt_len, *output_len, *seed, *json;
     cli_engine_args_t eng;
     int random_weights;
 } bench_args_t;
 
 typedef struct {
     long num_seqs, min_len, max_len, seed;
+    long prompt_len, output_len;  // 0: drawn from [min_len, max_len]; else every request's length
     engine_config_t ec;       // resolved (engine_config_resolve)
     qwen3_config_t model;
     int threads;              // CPU threads the runner uses
@@ -99,6 +106,8 @@ static int bench_options(const bench_args_t *a, bench_t *b) {
     if (cli_parse_long(cmd, "--num-seqs", a->num_seqs, 1, 1 << 20, &b->num_seqs) ||
         cli_parse_long(cmd, "--min-len", a->min_len, 1, 1 << 24, &b->min_len) ||
         cli_parse_long(cmd, "--max-len", a->max_len, 1, 1 << 24, &b->max_len) ||
+        cli_parse_long(cmd, "--prompt-len", a->prompt_len, 1, 1 << 24, &b->prompt_len) ||
+        cli_parse_long(cmd, "--output-len", a->output_len, 1, 1 << 24, &b->output_len) ||
         cli_parse_long(cmd, "--seed", a->seed, 0, LONG_MAX - 1, &b->seed))
         return CLI_USAGE;
     if (b->min_len > b->max_len)
@@ -111,13 +120,20 @@ static int bench_options(const bench_args_t *a, bench_t *b) {
     b->ec.progress = isatty(STDERR_FILENO);
     if (qwen3_config_load(a->model, &b->model) || engine_config_resolve(&b->ec, &b->model))
         return cli_error(cmd, CLI_FAIL, "%s", mv_last_error());
-    // The longest request is a max-len prompt plus max-len outputs.
-    if (2 * b->max_len > b->ec.max_model_len)
+    // The longest request is the longest prompt plus the longest output.
+    long max_prompt = b->prompt_len ? b->prompt_len : b->max_len;
+    long max_output = b->output_len ? b->output_len : b->max_len;
+    if (max_prompt + max_output > b->ec.max_model_len) {
+        char opts[96];
+        snprintf(opts, sizeof opts, "%s%s", b->prompt_len ? "--prompt-len" : "--max-len",
+                 b->output_len ? (b->prompt_len ? " and --output-len" : " or --output-len")
+                               : (b->prompt_len ? " or --max-len" : ""));
         return cli_error(cmd, CLI_USAGE,
-                         "--max-len %ld: a prompt of %ld tokens plus %ld generated needs a max_model_len of %ld, and it "
-                         "is %d (lower --max-len, or raise --max-model-len up to max_position_embeddings %d)",
-                         b->max_len, b->max_len, b->max_len, 2 * b->max_len, b->ec.max_model_len,
-                         b->model.max_position_embeddings);
+                         "%s %ld: a prompt of %ld tokens plus %ld generated needs a max_model_len of %ld, and it "
+                         "is %d (lower %s, or raise --max-model-len up to max_position_embeddings %d)",
+                         b->prompt_len ? "--prompt-len" : "--max-len", max_prompt, max_prompt, max_output,
+                         max_prompt + max_output, b->ec.max_model_len, opts, b->model.max_position_embeddings);
+    }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     b->threads = b->ec.num_threads ? b->ec.num_threads : (int)(cpus > 0 ? cpus : 1);
     return CLI_OK;
@@ -138,8 +154,10 @@ static int make_requests(const bench_t *b, const engine_t *e, engine_request_t *
     rng_seed(&id_rng, (uint64_t)b->seed + 1);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
-        reqs[i].num_prompt = rng_int(&len_rng, (int)b->min_len, (int)b->max_len);
-        reqs[i].params = (sampling_params_t){0.0f, 0, 1.0f, rng_int(&len_rng, (int)b->min_len, (int)b->max_len), 1};
+        int prompt_len = rng_int(&len_rng, (int)b->min_len, (int)b->max_len);
+        int output_len = rng_int(&len_rng, (int)b->min_len, (int)b->max_len);
+        reqs[i].num_prompt = b->prompt_len ? (int)b->prompt_len : prompt_len;
+        reqs[i].params = (sampling_params_t){0.0f, 0, 1.0f, b->output_len ? (int)b->output_len : output_len, 1};
         reqs[i].seed = (uint64_t)i;
         total += (size_t)reqs[i].num_prompt;
     }
@@ -217,9 +235,16 @@ static void print_table(const bench_t *b) {
     char cfg[256];
     config_summary(&b->model, cfg, sizeof cfg);
     const engine_config_t *c = &b->ec;
-    printf("minivllm bench: %ld requests, prompt and output lengths uniform in [%ld, %ld], seed %ld,\n"
+    char lens[160], range[48];
+    snprintf(range, sizeof range, "uniform in [%ld, %ld]", b->min_len, b->max_len);
+    if (!b->prompt_len && !b->output_len) snprintf(lens, sizeof lens, "prompt and output lengths %s", range);
+    else if (b->prompt_len && b->output_len)
+        snprintf(lens, sizeof lens, "prompts of %ld tokens, outputs of %ld", b->prompt_len, b->output_len);
+    else if (b->prompt_len) snprintf(lens, sizeof lens, "prompts of %ld tokens, output lengths %s", b->prompt_len, range);
+    else snprintf(lens, sizeof lens, "prompt lengths %s, outputs of %ld tokens", range, b->output_len);
+    printf("minivllm bench: %ld requests, %s, seed %ld,\n"
            "greedy (temperature 0), ignore_eos\n",
-           b->num_seqs, b->min_len, b->max_len, b->seed);
+           b->num_seqs, lens, b->seed);
     printf("  %-16s %ld\n", "requests", b->num_seqs);
     printf("  %-16s %lld\n", "prompt tokens", b->prompt_tokens);
     printf("  %-16s %lld\n", "output tokens", b->output_tokens);
@@ -275,6 +300,8 @@ static cJSON *config_json(const qwen3_config_t *m, const engine_config_t *c) {
     cJSON_AddNumberToObject(o, "num_key_value_heads", m->num_key_value_heads);
     cJSON_AddNumberToObject(o, "head_dim", m->head_dim);
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab_size);
+    // Decode reads every weight once a step: n_params x 2 bytes in bf16 is the napkin math of its GB/s.
+    cJSON_AddNumberToObject(o, "n_params", (double)qwen3_config_n_params(m));
     cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tie_word_embeddings);
     cJSON_AddNumberToObject(o, "max_model_len", c->max_model_len);
     cJSON_AddNumberToObject(o, "max_num_seqs", c->max_num_seqs);
@@ -309,6 +336,11 @@ static int write_json(const bench_t *b, const char *path, int argc, char **argv)
     cJSON_AddBoolToObject(o, "random_weights", b->ec.random_weights);
     cJSON_AddNumberToObject(o, "min_len", (double)b->min_len);
     cJSON_AddNumberToObject(o, "max_len", (double)b->max_len);
+    // null: drawn from [min_len, max_len]
+    if (b->prompt_len) cJSON_AddNumberToObject(o, "prompt_len", (double)b->prompt_len);
+    else cJSON_AddNullToObject(o, "prompt_len");
+    if (b->output_len) cJSON_AddNumberToObject(o, "output_len", (double)b->output_len);
+    else cJSON_AddNullToObject(o, "output_len");
     cJSON_AddNumberToObject(o, "seed", (double)b->seed);
     cJSON_AddNumberToObject(o, "temperature", 0);
     cJSON_AddBoolToObject(o, "ignore_eos", 1);
@@ -336,6 +368,8 @@ int cmd_bench(int argc, char **argv) {
         {"--num-seqs", "N", "requests (default 256)", &a.num_seqs, NULL},
         {"--min-len", "N", "shortest prompt and output, >= 1 (default 100)", &a.min_len, NULL},
         {"--max-len", "N", "longest prompt and output; 2 x N <= max_model_len (default 1024)", &a.max_len, NULL},
+        {"--prompt-len", "N", "every prompt N tokens (instead of drawn from [min-len, max-len])", &a.prompt_len, NULL},
+        {"--output-len", "N", "every request generates N tokens (instead of drawn)", &a.output_len, NULL},
         {"--seed", "S", "draws the lengths, the prompt ids and random weights (default 0)", &a.seed, NULL},
         {"--json", "FILE", "also write the results, command line, date and host as JSON", &a.json, NULL},
     };
