@@ -12,7 +12,10 @@ kept in docs/results/json/. This script renders them:
     python3 docs/results/generate.py --check  # fail if any file is stale (CI)
 
 KEYs: NN-name:env, NN-name:timings, NN-name:checks, NN-name:sanitizer (GPU
-chapters), 08-scheduler:workloads, 09-tokenizer:bench.
+chapters), 08-scheduler:workloads, 09-tokenizer:bench, and the engine's
+09-engine:bench, 09-engine:single, 09-engine:compare (from 09-engine.bench.json,
+09-engine.single.json, 09-engine.compare.json, written by tests/gpu/engine.sh;
+until a file is there, its block says how to make it).
 """
 import glob
 import json
@@ -164,6 +167,109 @@ def render_tokenizer_bench(d):
     return "\n".join(out) + "\n"
 
 
+# ---- chapter 09's engine: minivllm bench and tests/gpu/compare_hf.py ----------------------------
+
+ENGINE_JSONS = {"bench": "09-engine.bench.json", "single": "09-engine.single.json",
+                "compare": "09-engine.compare.json"}
+
+
+def not_measured(name):
+    return (f"Not measured yet: `bash tests/gpu/engine.sh` on an H200 writes `{name}` into `$OUT`; "
+            f"copy it to `docs/results/json/` and rerun `python3 docs/results/generate.py`.\n")
+
+
+def bench_source(d):
+    gpu = d.get("gpu") or "an unnamed machine"
+    return (f"From `{d['command']}` on **{gpu}** ({d['device']} backend, {d['host_cpus']} host CPUs), "
+            f"{d['date'][:10]}, run by `bash tests/gpu/engine.sh`.")
+
+
+def render_engine_bench(d):
+    c = d["config"]
+    lens = (f"prompt and output lengths uniform in [{d['min_len']}, {d['max_len']}]"
+            if d.get("prompt_len") is None and d.get("output_len") is None else
+            f"prompt {d.get('prompt_len') or 'drawn'}, output {d.get('output_len') or 'drawn'} tokens")
+    out = [bench_source(d) + f" {d['requests']} requests, {lens}, greedy, ignore_eos"
+           f"{', random weights' if d.get('random_weights') else ''}. Engine: max_num_seqs {c['max_num_seqs']}, "
+           f"max_num_batched_tokens {c['max_num_batched_tokens']}, {c['num_blocks']} KV blocks of {c['block_size']}.",
+           "",
+           "| requests | prompt tokens | output tokens | load s | generate s | output tok/s | total tok/s | steps | preemptions |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+           f"| {d['requests']} | {d['prompt_tokens']:,} | {d['output_tokens']:,} | {d['load_s']:.2f} | "
+           f"{d['generate_s']:.2f} | {d['output_tok_s']:,.0f} | {d['total_tok_s']:,.0f} | {d['steps']:,} | "
+           f"{d['preemptions']} |"]
+    return "\n".join(out) + "\n"
+
+
+def copy_ceiling():
+    """The copy bandwidth a chapter measured on the GPU (chapter 01's run), for decode's napkin math."""
+    d = load("01-activation.json")
+    c = d and d.get("ceilings")
+    return (c["copy_gbs"], d["gpu"]["name"]) if c else None
+
+
+def render_engine_single(d):
+    # Single-stream decode reads every weight once per generated token: n_params bf16 values.
+    # generate s also holds the one prefill of the prompt, so the per-token time is a slight
+    # overestimate and the GB/s an underestimate; the KV cache's reads are not counted either.
+    n_params = d["config"].get("n_params", 0)
+    ms_tok = 1e3 * d["generate_s"] / d["output_tokens"]
+    gbs = 2 * n_params * d["output_tokens"] / d["generate_s"] / 1e9 if n_params else 0
+    head = "| prompt | output | load s | generate s | output tok/s | ms per token | weight GB/s |"
+    rule = "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    row = (f"| {d['prompt_tokens']} | {d['output_tokens']} | {d['load_s']:.2f} | {d['generate_s']:.3f} | "
+           f"{d['output_tok_s']:,.1f} | {ms_tok:.2f} | {gbs:,.0f} |")
+    ceil = copy_ceiling() if d["device"] == "cuda" else None
+    if ceil:
+        head += " % of copy |"
+        rule += " ---: |"
+        row += f" {100 * gbs / ceil[0]:.1f} |"
+    out = [bench_source(d) + f" One request: a {d['prompt_tokens']}-token prompt, then {d['output_tokens']} tokens "
+           f"decoded one at a time{', random weights' if d.get('random_weights') else ''}.", "", head, rule, row, "",
+           f"*weight GB/s* = {n_params / 1e6:.0f}M parameters x 2 bytes (bf16) x output tokens / generate s: decode "
+           "reads every weight once per token (the LM head included), so this is the bandwidth the step sustains. "
+           "generate s includes the prompt's prefill and the KV cache's reads are left out: both make it an "
+           "underestimate."]
+    if ceil:
+        out[-1] += f" *% of copy*: against the {ceil[0]:,.0f} GB/s copy bandwidth chapter 01 measured on {ceil[1]}."
+    return "\n".join(out) + "\n"
+
+
+def render_engine_compare(d):
+    out = [f"From `{d['command']}` on **{d['gpu']}** (transformers {d['transformers']}, torch {d['torch']}, "
+           f"{d['date'][:10]}), run by `bash tests/gpu/engine.sh`. Model: {d['model']}, seeded random bf16 weights "
+           f"(std {d['weights']['std']}, norms {d['weights']['norm']}); prompts of {', '.join(map(str, d['prompt_lens']))} "
+           f"random token ids, {d['max_tokens']} greedy tokens each, eos ignored; the cpu leg runs the first "
+           f"{d['cpu_prompts']} prompts for {d['cpu_max_tokens']} tokens.",
+           "",
+           "| a | b | prompts | first-step logits NMSE (max) | argmax equal | greedy: tokens before the first divergence (min / mean) | positions equal |",
+           "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+    for p in d["pairs"]:
+        out.append(f"| {p['a']} | {p['b']} | {p['prompts']} x {p['tokens_per_prompt']} | {p['nmse_max']:.2e} | "
+                   f"{p['argmax_equal']}/{p['prompts']} | {p['greedy_prefix_min']} / {p['greedy_prefix_mean']:.1f} | "
+                   f"{100 * p['greedy_equal_frac']:.0f}% |")
+    out += ["", "| criterion | measured | bound | verdict |", "| --- | --- | --- | --- |"]
+    for c in d["criteria"]:
+        out.append(f"| {c['name']} | {c['value']} | {c['bound']} | {'pass' if c['pass'] else '**FAIL**'} |")
+    for name, leg in d["legs"].items():
+        if "error" in leg:
+            out.append(f"\n{name} did not run: {leg['error']}")
+    if d.get("skipped"):
+        out.append(f"\nSkipped: {', '.join(d['skipped'])}.")
+    out.append(f"\nVerdict: **{'PASS' if d['pass'] else 'FAIL'}**.")
+    return "\n".join(out) + "\n"
+
+
+def engine_blocks():
+    out = {}
+    for kind, render in (("bench", render_engine_bench), ("single", render_engine_single),
+                         ("compare", render_engine_compare)):
+        name = ENGINE_JSONS[kind]
+        d = load(name)
+        out[f"09-engine:{kind}"] = (name, render(d) if d else not_measured(name))
+    return out
+
+
 def load(name):
     path = os.path.join(JSON_DIR, name)
     return json.load(open(path)) if os.path.exists(path) else None
@@ -174,7 +280,7 @@ def blocks():
     out = {}
     for path in sorted(glob.glob(os.path.join(JSON_DIR, "0*.json"))):
         name = os.path.basename(path)
-        if name.endswith(".bench.json"):
+        if name.endswith(".bench.json") or name.startswith("09-engine."):
             continue
         d = json.load(open(path))
         ch = name[:-len(".json")]  # "03-linear-tp" or "03-linear-tp.1gpu"
@@ -190,6 +296,7 @@ def blocks():
     bench = load("09-tokenizer.bench.json")
     if bench:
         out["09-tokenizer:bench"] = ("09-tokenizer.bench.json", render_tokenizer_bench(bench))
+    out.update(engine_blocks())
     return out
 
 
@@ -212,7 +319,7 @@ MARK = re.compile(r"(<!-- generated:([\w.-]+:[\w-]+) -->\n)(.*?)(<!-- /generated
 def expected_files():
     b = blocks()
     files = {}
-    for chapter in sorted({k.split(":")[0] for k in b if not k.startswith("09-tokenizer")}):
+    for chapter in sorted({k.split(":")[0] for k in b if not k.startswith(("09-tokenizer", "09-engine"))}):
         files[os.path.join(HERE, f"{chapter}.md")] = full_page(chapter, b)
     for md in sorted(glob.glob(os.path.join(DOCS, "*.md"))):
         text = open(md).read()
