@@ -224,8 +224,11 @@ def render_engine_single(d):
         head += " % of copy |"
         rule += " ---: |"
         row += f" {100 * gbs / ceil[0]:.1f} |"
+    weights = ", random weights" if d.get("random_weights") else ""
+    if "mv-qwen3-0.6b-random" in d.get("model_dir", ""):  # engine.sh's temporary checkpoint
+        weights = ", on the bf16 checkpoint `tests/gpu/compare_hf.py --keep` had just written"
     out = [bench_source(d) + f" One request: a {d['prompt_tokens']}-token prompt, then {d['output_tokens']} tokens "
-           f"decoded one at a time{', random weights' if d.get('random_weights') else ''}.", "", head, rule, row, "",
+           f"decoded one at a time{weights}.", "", head, rule, row, "",
            f"*weight GB/s* = {n_params / 1e6:.0f}M parameters x 2 bytes (bf16) x output tokens / generate s: decode "
            "reads every weight once per token (the LM head included), so this is the bandwidth the step sustains. "
            "generate s includes the prompt's prefill and the KV cache's reads are left out: both make it an "
