@@ -28,11 +28,22 @@
  * 16..256, num_heads a multiple of num_kv_heads; anything else is refused
  * with a message naming the value.
  *
- * Versions:
- *   prefill 1  naive: ...
- *   prefill 2  flash: ...
- *   decode  1  naive: ...
- *   decode  2  split: ...
+ * Versions (kernels/attention.cu; docs/07-attention.md, section 4):
+ *   prefill 1  naive: a block of 128 threads per (query row, head); keys in
+ *              chunks of 128 with an online softmax, a warp per key's dot
+ *              product. Slow; a second reference on the GPU.
+ *   prefill 2  flash (attention_flash.cuh): FlashAttention-2 on mma.sync
+ *              m16n8k16 bf16, fp32 accumulators; 64 queries x 64 keys per
+ *              tile, 4 warps, cp.async double buffering, swizzled shared
+ *              memory (80 KB at D = 128), causal tiles skipped, the mask only
+ *              on diagonal tiles. P is rounded to bf16 before the P V mma.
+ *              Needs q, k, v 16-byte aligned with row strides multiples of 8.
+ *   decode  1  naive: prefill 1 with one query per sequence; never splits.
+ *   decode  2  split (attention_decode.cuh): a block of 128 threads per
+ *              (sequence, kv head, piece), the whole GQA group at once,
+ *              16-byte loads, 32 KB in flight per block; pieces combined by
+ *              a reduction kernel (log-sum-exp) when num_splits > 1.
+ *              Same alignment needs as prefill 2.
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H

@@ -1,0 +1,339 @@
+/*
+ * kernels/attention.cu - attention over the paged KV cache (see attention.h
+ * and, for the maths, reference/attention.h).
+ *
+ * Three places hold the keys, one kernel body each: a K/V addressing policy
+ * (PagedKV: through the block table; ContigKV: packed, cu_seqlens_k) says
+ * how many keys sequence s has and where its key j lives, and every kernel is
+ * a template over it. Queries are rows of q (any stride); decode is the case
+ * "one query per sequence", cu_seqlens_q = NULL.
+ *
+ * Version 1 (naive) is written to be read beside the CPU reference.
+ * Version 2 of decode is in attention_decode.cuh, of prefill in
+ * attention_flash.cuh: both included here, so one object file holds them all.
+ */
+#include "kernels/attention.h"
+
+#include <math.h>
+
+#include "common/check.h"
+#include "kernels/common.cuh"
+#include "reference/attention.h"
+
+typedef __nv_bfloat16 bf16;
+
+// ---- where the keys are --------------------------------------------------------------
+
+// Paged: k_cache, v_cache [num_blocks, block_size, Hkv, D]; sequence s's key
+// j is in physical block block_tables[s * max_blocks + j / block_size], at
+// offset j % block_size. block_size is a power of two: a shift and a mask.
+struct PagedKV {
+    const bf16 *k, *v;            // [num_blocks * block_size rows, row_stride]
+    long long k_stride, v_stride;  // elements between token rows (Hkv * D for the cache)
+    const int32_t *context_lens;  // [num_seqs]
+    const int32_t *block_tables;  // [num_seqs, max_blocks]
+    int block_shift, max_blocks;   // block_size = 1 << block_shift
+    __device__ __forceinline__ int num_keys(int s) const { return context_lens[s]; }
+    // The token row of key j of sequence s.
+    __device__ __forceinline__ long long key_row(int s, int j) const {
+        const int32_t block = block_tables[(long long)s * max_blocks + (j >> block_shift)];
+        return ((long long)block << block_shift) + (j & ((1 << block_shift) - 1));
+    }
+};
+
+// Contiguous (FlashAttention's varlen): k, v [T_k, Hkv, D] rows of k_stride,
+// v_stride elements; sequence s's keys are rows cu_seqlens_k[s] ..< [s+1].
+struct ContigKV {
+    const bf16 *k, *v;
+    long long k_stride, v_stride;
+    const int32_t *cu_seqlens_k;  // [num_seqs + 1]
+    __device__ __forceinline__ int num_keys(int s) const { return cu_seqlens_k[s + 1] - cu_seqlens_k[s]; }
+    __device__ __forceinline__ long long key_row(int s, int j) const { return (long long)cu_seqlens_k[s] + j; }
+};
+
+// Sequence s's query rows: first .. first + n - 1. NULL cu_seqlens_q: decode,
+// sequence s has the one row s.
+__device__ __forceinline__ int seq_queries(const int32_t *cu_seqlens_q, int s, int *first) {
+    if (!cu_seqlens_q) {
+        *first = s;
+        return 1;
+    }
+    *first = cu_seqlens_q[s];
+    return cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+}
+
+// ---- version 1: naive ----------------------------------------------------------------
+// One block of 128 threads per (query row, head): blockIdx = (i, h, s).
+// The CPU reference computes all scores of the row, then their max, then
+// the weights and the weighted sum of V. A block cannot hold a row of
+// unbounded length, so this kernel walks the keys in chunks of 128 (one
+// key per thread) and keeps the softmax online, the chapter's own lesson:
+//   m = max so far, l = sum of exp(score - m) so far, acc = sum of
+//   exp(score - m) * v so far; a new chunk with a larger max rescales l and
+//   acc by exp(m_old - m_new).
+// A warp computes one key's score at a time (lanes split the dot product
+// over d, a warp sum adds the parts); then thread t holds the score of key
+// j0 + t, and thread d < D owns output dimension d.
+enum { V1_THREADS = 128 };
+
+__device__ __forceinline__ float block_max_v1(float x) {
+    __shared__ float partial[V1_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = x;
+    __syncthreads();
+    float m = partial[0];
+    for (int w = 1; w < V1_THREADS / 32; w++) m = fmaxf(m, partial[w]);
+    __syncthreads();  // partial[] is rewritten by the next call
+    return m;
+}
+
+template <class KV>
+__global__ void __launch_bounds__(V1_THREADS)
+attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const int32_t *cu_seqlens_q, int H,
+                    int Hkv, int D, float scale) {
+    const int i = blockIdx.x, h = blockIdx.y, s = blockIdx.z, t = threadIdx.x;
+    int first;
+    const int n = seq_queries(cu_seqlens_q, s, &first);
+    if (i >= n) return;  // the grid is sized for the longest sequence
+    const int ctx = kv.num_keys(s);
+    const int kv_head = h / (H / Hkv);  // GQA
+    const int last = ctx - n + i;       // end-aligned causal mask: keys 0..last
+    __shared__ float q_row[128];        // [D] this query, as floats
+    __shared__ float scores[V1_THREADS];  // this chunk's scores
+    __shared__ float p[V1_THREADS];       // this chunk's weights exp(score - m)
+    const int lane = t % 32, warp = t / 32;
+    if (t < D) q_row[t] = __bfloat162float(q[(long long)(first + i) * q_stride + (long long)h * D + t]);
+    __syncthreads();
+
+    float m = -INFINITY, l = 0.0f, acc = 0.0f;
+    for (int j0 = 0; j0 <= last; j0 += V1_THREADS) {
+        for (int c = warp; c < V1_THREADS; c += V1_THREADS / 32) {
+            float score = -INFINITY;  // masked: past the diagonal, or past the context
+            if (j0 + c <= last) {     // the same for the whole warp
+                const bf16 *k = kv.k + kv.key_row(s, j0 + c) * kv.k_stride + (long long)kv_head * D;  // [D]
+                float dot = 0.0f;
+                for (int d = lane; d < D; d += 32) dot += q_row[d] * __bfloat162float(k[d]);
+                score = warp_sum(dot) * scale;
+            }
+            if (lane == 0) scores[c] = score;
+        }
+        __syncthreads();
+        const int j = j0 + t;
+        const float score = scores[t];
+        // Key j0 <= last always exists, so m_new is finite.
+        const float m_new = fmaxf(m, block_max_v1(score));
+        const float w = j <= last ? expf(score - m_new) : 0.0f;
+        const float rescale = expf(m - m_new);  // 0 on the first chunk (m = -inf)
+        p[t] = w;
+        l = l * rescale + block_sum(w);  // block_sum's barrier also publishes p[]
+        if (t < D) {
+            const int chunk = min(V1_THREADS, last - j0 + 1);
+            float a = acc * rescale;
+            for (int c = 0; c < chunk; c++) {
+                const bf16 *v = kv.v + kv.key_row(s, j0 + c) * kv.v_stride + (long long)kv_head * D;  // [D]
+                a += p[c] * __bfloat162float(v[t]);
+            }
+            acc = a;
+        }
+        m = m_new;
+        __syncthreads();  // scores[] and p[] are rewritten by the next chunk
+    }
+    // No keys at all (only a padded decode slot can have ctx = 0): output 0.
+    if (t < D) out[((long long)(first + i) * H + h) * D + t] = __float2bfloat16(last >= 0 ? acc / l : 0.0f);
+}
+
+#include "kernels/attention_decode.cuh"
+#include "kernels/attention_flash.cuh"
+
+// ---- launchers -------------------------------------------------------------------------
+
+extern "C" const char *attention_prefill_version_name(int version) {
+    switch (version) {
+    case 1: return "v1-naive-block-per-row";
+    case 2: return "v2-flash-mma-bf16";
+    default: return NULL;
+    }
+}
+
+extern "C" const char *attention_decode_version_name(int version) {
+    switch (version) {
+    case 1: return "v1-naive-block-per-head";
+    case 2: return "v2-gqa-split";
+    default: return NULL;
+    }
+}
+
+// The checks every launcher shares: heads, head_dim, grid limits.
+static int check_heads(const char *fn, int num_seqs, int num_heads, int num_kv_heads, int head_dim, float scale) {
+    if (attention_validate_heads(num_seqs, num_heads, num_kv_heads, head_dim, scale)) return -1;
+    if (head_dim != 64 && head_dim != 128)
+        return mv_error("%s: head_dim %d is not supported by the CUDA kernels (64 or 128)", fn, head_dim);
+    if (num_seqs > 65535)
+        return mv_error("%s: num_seqs %d is more than the grid's z dimension holds (65535)", fn, num_seqs);
+    return 0;
+}
+
+static int check_block_size(const char *fn, int block_size, int num_blocks, int max_blocks) {
+    if (attention_validate_cache(block_size, num_blocks, max_blocks)) return -1;
+    if (block_size < 16 || block_size > 256 || (block_size & (block_size - 1)))
+        return mv_error("%s: block_size %d is not supported by the CUDA kernels (a power of two in 16..256)", fn,
+                        block_size);
+    return 0;
+}
+
+static int log2_int(int x) {
+    int s = 0;
+    while ((1 << s) < x) s++;
+    return s;
+}
+
+// Version 2 reads 16-byte vectors: 8 bf16 of a row at a time.
+static int check_vec16(const char *fn, const void *q, long long q_stride, const void *k, long long k_stride,
+                       const void *v, long long v_stride) {
+    if (!mv_aligned(q, 16) || !mv_aligned(k, 16) || !mv_aligned(v, 16) || q_stride % 8 || k_stride % 8 ||
+        v_stride % 8)
+        return mv_error("%s: version 2 reads 16-byte vectors: q, k and v must be 16-byte aligned and their row "
+                        "strides multiples of 8 elements (q_stride %lld, k/v strides %lld, %lld)",
+                        fn, q_stride, k_stride, v_stride);
+    return 0;
+}
+
+template <class KV>
+static void launch_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const int32_t *cu_seqlens_q, int num_seqs,
+                      int max_seqlen_q, int H, int Hkv, int D, float scale, cudaStream_t stream) {
+    dim3 grid((unsigned)max_seqlen_q, (unsigned)H, (unsigned)num_seqs);
+    attention_kernel_v1<KV><<<grid, V1_THREADS, 0, stream>>>(out, q, q_stride, kv, cu_seqlens_q, H, Hkv, D, scale);
+}
+
+static int check_prefill_common(const char *fn, int version, const void *out, const void *q, long long q_stride,
+                                const void *cu_seqlens_q, int num_seqs, int max_seqlen_q, int num_heads,
+                                int num_kv_heads, int head_dim, float scale) {
+    if (version < 1 || version > ATTN_PREFILL_NUM_VERSIONS)
+        return mv_error("%s: unknown version %d (1..%d)", fn, version, ATTN_PREFILL_NUM_VERSIONS);
+    if (check_heads(fn, num_seqs, num_heads, num_kv_heads, head_dim, scale)) return -1;
+    if (max_seqlen_q < 0) return mv_error("%s: max_seqlen_q must be >= 0, got %d", fn, max_seqlen_q);
+    if (q_stride < (long long)num_heads * head_dim)
+        return mv_error("%s: q_stride %lld is less than num_heads*head_dim = %d", fn, q_stride, num_heads * head_dim);
+    if (num_seqs > 0 && max_seqlen_q > 0 && (!out || !q || !cu_seqlens_q))
+        return mv_error("%s: null pointer for a non-empty batch", fn);
+    return 0;
+}
+
+extern "C" int attention_prefill_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                                      const bf16_t *d_k_cache, const bf16_t *d_v_cache,
+                                      const int32_t *d_cu_seqlens_q, const int32_t *d_context_lens,
+                                      const int32_t *d_block_tables, int num_seqs, int max_seqlen_q, int num_heads,
+                                      int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
+                                      float scale, cudaStream_t stream) {
+    const char *fn = "attention_prefill_cuda";
+    if (check_prefill_common(fn, version, d_out, d_q, q_stride, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads,
+                             num_kv_heads, head_dim, scale) ||
+        check_block_size(fn, block_size, num_blocks, max_blocks))
+        return -1;
+    if (num_seqs == 0 || max_seqlen_q == 0) return 0;
+    if (!d_k_cache || !d_v_cache || !d_context_lens || !d_block_tables)
+        return mv_error("%s: null pointer for a non-empty batch", fn);
+    const long long row = (long long)num_kv_heads * head_dim;
+    PagedKV kv = {(const bf16 *)d_k_cache, (const bf16 *)d_v_cache, row, row, d_context_lens, d_block_tables,
+                  log2_int(block_size), max_blocks};
+    bf16 *out = (bf16 *)d_out;
+    const bf16 *q = (const bf16 *)d_q;
+    if (version == 1) {
+        launch_v1(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads, head_dim,
+                  scale, stream);
+    } else {
+        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
+        if (launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads,
+                         head_dim, scale, stream))
+            return -1;
+    }
+    return CUDA_TRY(cudaGetLastError());
+}
+
+extern "C" int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                                             const bf16_t *d_k, long long k_stride, const bf16_t *d_v,
+                                             long long v_stride, const int32_t *d_cu_seqlens_q,
+                                             const int32_t *d_cu_seqlens_k, int num_seqs, int max_seqlen_q,
+                                             int num_heads, int num_kv_heads, int head_dim, float scale,
+                                             cudaStream_t stream) {
+    const char *fn = "attention_prefill_varlen_cuda";
+    if (check_prefill_common(fn, version, d_out, d_q, q_stride, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads,
+                             num_kv_heads, head_dim, scale))
+        return -1;
+    const long long row = (long long)num_kv_heads * head_dim;
+    if (k_stride < row || v_stride < row)
+        return mv_error("%s: k_stride %lld and v_stride %lld must be >= num_kv_heads*head_dim = %lld", fn, k_stride,
+                        v_stride, row);
+    if (num_seqs == 0 || max_seqlen_q == 0) return 0;
+    if (!d_k || !d_v || !d_cu_seqlens_k) return mv_error("%s: null pointer for a non-empty batch", fn);
+    ContigKV kv = {(const bf16 *)d_k, (const bf16 *)d_v, k_stride, v_stride, d_cu_seqlens_k};
+    bf16 *out = (bf16 *)d_out;
+    const bf16 *q = (const bf16 *)d_q;
+    if (version == 1) {
+        launch_v1(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads, head_dim,
+                  scale, stream);
+    } else {
+        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
+        if (launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads,
+                         head_dim, scale, stream))
+            return -1;
+    }
+    return CUDA_TRY(cudaGetLastError());
+}
+
+extern "C" int attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len, int block_size) {
+    return decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size, mv_num_sms());
+}
+
+extern "C" size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, int head_dim, int num_splits) {
+    if (num_splits <= 1 || num_seqs <= 0 || num_heads <= 0 || head_dim <= 0) return 0;
+    // Per (sequence, head, split): the unnormalised output [head_dim] and (max, sum), all fp32.
+    return (size_t)num_seqs * num_heads * num_splits * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
+                                     long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
+                                     const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
+                                     int max_context_len, int num_heads, int num_kv_heads, int head_dim,
+                                     int block_size, int num_blocks, int max_blocks, float scale, void *d_workspace,
+                                     size_t workspace_bytes, cudaStream_t stream) {
+    const char *fn = "attention_decode_cuda";
+    if (version < 1 || version > ATTN_DECODE_NUM_VERSIONS)
+        return mv_error("%s: unknown version %d (1..%d)", fn, version, ATTN_DECODE_NUM_VERSIONS);
+    if (check_heads(fn, num_seqs, num_heads, num_kv_heads, head_dim, scale) ||
+        check_block_size(fn, block_size, num_blocks, max_blocks))
+        return -1;
+    if (max_context_len < 0) return mv_error("%s: max_context_len must be >= 0, got %d", fn, max_context_len);
+    if (num_splits < 0 || num_splits > ATTN_DECODE_MAX_SPLITS)
+        return mv_error("%s: num_splits %d outside 0..%d (0 = choose)", fn, num_splits, ATTN_DECODE_MAX_SPLITS);
+    if (version == 1 && num_splits > 1)
+        return mv_error("%s: version 1 does not split (num_splits %d; use 0 or 1)", fn, num_splits);
+    if (q_stride < (long long)num_heads * head_dim)
+        return mv_error("%s: q_stride %lld is less than num_heads*head_dim = %d", fn, q_stride, num_heads * head_dim);
+    if (num_seqs == 0) return 0;
+    if (!d_out || !d_q || !d_k_cache || !d_v_cache || !d_context_lens || !d_block_tables)
+        return mv_error("%s: null pointer for a non-empty batch", fn);
+    const long long row = (long long)num_kv_heads * head_dim;
+    PagedKV kv = {(const bf16 *)d_k_cache, (const bf16 *)d_v_cache, row, row, d_context_lens, d_block_tables,
+                  log2_int(block_size), max_blocks};
+    bf16 *out = (bf16 *)d_out;
+    const bf16 *q = (const bf16 *)d_q;
+    if (version == 1) {
+        launch_v1(out, q, q_stride, kv, (const int32_t *)NULL, num_seqs, 1, num_heads, num_kv_heads, head_dim, scale,
+                  stream);
+    } else {
+        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
+        const int splits = num_splits ? num_splits
+                                      : attention_decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size);
+        const size_t need = attention_decode_workspace_bytes(num_seqs, num_heads, head_dim, splits);
+        if (need > 0 && (!d_workspace || workspace_bytes < need))
+            return mv_error("%s: %d splits need %zu bytes of workspace, got %zu%s", fn, splits, need, workspace_bytes,
+                            d_workspace ? "" : " (NULL)");
+        if (need > 0 && !mv_aligned(d_workspace, 16))
+            return mv_error("%s: the workspace must be 16-byte aligned", fn);
+        if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
+                             scale, splits, (float *)d_workspace, stream))
+            return -1;
+    }
+    return CUDA_TRY(cudaGetLastError());
+}
