@@ -71,8 +71,9 @@ __device__ __forceinline__ int seq_queries(const int32_t *cu_seqlens_q, int s, i
 //   m = max so far, l = sum of exp(score - m) so far, acc = sum of
 //   exp(score - m) * v so far; a new chunk with a larger max rescales l and
 //   acc by exp(m_old - m_new).
-// Thread t computes the score of key j0 + t (a whole dot product: slow,
-// uncoalesced, simple); thread d < D owns output dimension d.
+// A warp computes one key's score at a time (lanes split the dot product
+// over d, a warp sum adds the parts); then thread t holds the score of key
+// j0 + t, and thread d < D owns output dimension d.
 enum { V1_THREADS = 128 };
 
 __device__ __forceinline__ float block_max_v1(float x) {
@@ -98,20 +99,27 @@ attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const i
     const int kv_head = h / (H / Hkv);  // GQA
     const int last = ctx - n + i;       // end-aligned causal mask: keys 0..last
     __shared__ float q_row[128];        // [D] this query, as floats
-    __shared__ float p[V1_THREADS];     // this chunk's weights exp(score - m)
+    __shared__ float scores[V1_THREADS];  // this chunk's scores
+    __shared__ float p[V1_THREADS];       // this chunk's weights exp(score - m)
+    const int lane = t % 32, warp = t / 32;
     if (t < D) q_row[t] = __bfloat162float(q[(long long)(first + i) * q_stride + (long long)h * D + t]);
     __syncthreads();
 
     float m = -INFINITY, l = 0.0f, acc = 0.0f;
     for (int j0 = 0; j0 <= last; j0 += V1_THREADS) {
-        const int j = j0 + t;
-        float score = -INFINITY;
-        if (j <= last) {
-            const bf16 *k = kv.k + kv.key_row(s, j) * kv.k_stride + (long long)kv_head * D;  // [D]
-            float dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += q_row[d] * __bfloat162float(k[d]);
-            score = dot * scale;
+        for (int c = warp; c < V1_THREADS; c += V1_THREADS / 32) {
+            float score = -INFINITY;  // masked: past the diagonal, or past the context
+            if (j0 + c <= last) {     // the same for the whole warp
+                const bf16 *k = kv.k + kv.key_row(s, j0 + c) * kv.k_stride + (long long)kv_head * D;  // [D]
+                float dot = 0.0f;
+                for (int d = lane; d < D; d += 32) dot += q_row[d] * __bfloat162float(k[d]);
+                score = warp_sum(dot) * scale;
+            }
+            if (lane == 0) scores[c] = score;
         }
+        __syncthreads();
+        const int j = j0 + t;
+        const float score = scores[t];
         // Key j0 <= last always exists, so m_new is finite.
         const float m_new = fmaxf(m, block_max_v1(score));
         const float w = j <= last ? expf(score - m_new) : 0.0f;
@@ -128,7 +136,7 @@ attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const i
             acc = a;
         }
         m = m_new;
-        __syncthreads();  // p[] is rewritten by the next chunk
+        __syncthreads();  // scores[] and p[] are rewritten by the next chunk
     }
     // No keys at all (only a padded decode slot can have ctx = 0): output 0.
     if (t < D) out[((long long)(first + i) * H + h) * D + t] = __float2bfloat16(last >= 0 ? acc / l : 0.0f);

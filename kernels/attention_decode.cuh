@@ -1,19 +1,309 @@
 /*
- * kernels/attention_decode.cuh - version 2 of decode attention (included by
- * attention.cu, which defines PagedKV and seq_queries). Not written yet.
+ * kernels/attention_decode.cuh - version 2 of decode attention: one CTA per
+ * (sequence, kv head, split), the whole GQA group of query heads at once,
+ * 16-byte loads, split flash-decoding with a reduction kernel. Included by
+ * attention.cu (which defines PagedKV).
+ *
+ * Napkin math (Qwen3-0.6B: 16 q heads, 8 kv heads, D = 128). Decode reads
+ * every key and value of the context once per kv head: per token 8 heads *
+ * 128 * 2 bytes * 2 (K and V) = 4 KB, and does 2 multiply-adds per element
+ * per query head of the group (2 here): ~1 flop per byte, while an H200
+ * does ~100 bf16 flop (even fp32 FMA: ~15) per byte of HBM bandwidth.
+ * Memory-bound: the goal is the copy bandwidth. 256 sequences x 1024 keys:
+ * 256 * 1024 * 4 KB = 1.07 GB, ~270 us at 4 TB/s.
+ *
+ * Little's law: ~4.4 TB/s over 132 SMs is ~33 GB/s = 33 KB/us per SM; with
+ * ~1 us of DRAM latency under load each SM must keep ~33 KB of loads in
+ * flight. One CTA of 128 threads issues U 16-byte K loads and U V loads per
+ * thread before it uses any: 128 * 2U * 16 B = 32 KB for U = 8; with 2-4
+ * CTAs resident per SM (registers allow 4 at G <= 2) that is 64-128 KB.
+ *
+ * Layout of a CTA (128 threads, 4 warps). A key row of one kv head is D bf16
+ * = D/8 vectors of 16 bytes, so LPK = D/8 lanes (16 for D = 128, 8 for 64)
+ * read one key together, and a warp reads SUB = 32/LPK keys per load.
+ * Each group of LPK lanes is a "substream": it owns keys base + u*NSUB + sub
+ * (u = 0..U-1) of every tile of TILE = NSUB*U keys (NSUB = 4 warps * SUB),
+ * so one load instruction across the CTA reads NSUB consecutive keys.
+ * A lane holds the 8 dimensions part*8 .. part*8+7 (part = lane % LPK) of:
+ * the G query heads (fp32, pre-multiplied by scale*log2(e)), and of its
+ * substream's G accumulators. The score of a key is the lanes' partial dot
+ * products summed by log2(LPK) xor-shuffles (every lane of the substream gets
+ * it). Each substream keeps its own online softmax (m, l in log2 units);
+ * at the end the CTA combines its substreams through shared memory.
+ *
+ * Split (flash-decoding). num_seqs * num_kv_heads CTAs fill the 132 SMs
+ * only with a large batch; 1 sequence is 8 CTAs. The context is cut into
+ * num_splits pieces of split_len keys (a multiple of TILE; the last piece
+ * runs to the sequence's own end), one CTA each. A piece writes its
+ * unnormalised output acc [D], its max m and its sum l to the workspace;
+ * the reduction kernel combines the pieces of a (sequence, head):
+ *     M = max_k m_k,  out = sum_k 2^(m_k - M) acc_k / sum_k 2^(m_k - M) l_k.
+ * A piece that starts past its sequence's context returns at once and
+ * writes nothing: the reduction counts the pieces with keys,
+ * ceil(context_len / split_len), from context_lens itself.
  */
 #pragma once
 
-// How many pieces each sequence's context is cut into (see attention.h).
+enum { DEC_WARPS = 4, DEC_THREADS = 32 * DEC_WARPS, DEC_MAX_SMEM_FLOATS = 8192 };
+
+// Keys per tile for head_dim D and U keys per substream.
+__host__ __device__ constexpr int dec_tile(int D, int U) { return DEC_WARPS * (32 / (D / 8)) * U; }
+// U: loads in flight per lane per tile; fewer when the G accumulators and
+// queries take the registers (G = 4, 8).
+__host__ __device__ constexpr int dec_unroll(int G) { return G <= 2 ? 8 : 4; }
+
+// 8 bf16 (one 16-byte vector, as uint4) to 8 floats: a bf16 is the high half
+// of a float, so each conversion is one shift or one mask.
+__device__ __forceinline__ void bf16x8_to_float(const uint4 &v, float f[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// Read-only 16-byte load through the non-coherent path; the cache is not
+// written while attention runs.
+__device__ __forceinline__ uint4 ldg16(const bf16 *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+
+//   grid (Hkv * groups_per_kv, num_seqs, num_splits), DEC_THREADS threads.
+//   CTA: kv head kvh, query heads h0 .. h0 + G - 1 of its group.
+//   ws_o [S, H, num_splits, D], ws_ml [S, H, num_splits, 2] (num_splits > 1).
+template <int D, int G>
+__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
+decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
+                 int num_splits, int split_len, float *ws_o, float *ws_ml) {
+    constexpr int U = dec_unroll(G);
+    constexpr int LPK = D / 8;             // lanes per key row
+    constexpr int SUB = 32 / LPK;          // keys per warp load
+    constexpr int NSUB = DEC_WARPS * SUB;  // substreams per CTA
+    constexpr int TILE = NSUB * U;
+    static_assert(NSUB * G * D <= DEC_MAX_SMEM_FLOATS, "shared accumulators too large");
+
+    const int groups_per_kv = gridDim.x / Hkv;
+    const int kvh = blockIdx.x / groups_per_kv;
+    const int h0 = kvh * (H / Hkv) + (blockIdx.x % groups_per_kv) * G;  // first query head of this CTA
+    const int s = blockIdx.y, split = blockIdx.z;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int sub = warp * SUB + lane / LPK;  // this lane's substream
+    const int part = lane % LPK;              // its dims part*8 .. part*8+7
+
+    const int ctx = kv.num_keys(s);
+    const int start = split * split_len;
+    const int end = split == num_splits - 1 ? ctx : min(ctx, start + split_len);
+    if (start >= end) {
+        // No keys in this piece. Unsplit, that is a padded sequence with
+        // ctx = 0: its output is 0 (as version 1). Split, the reduction
+        // ignores the piece.
+        if (num_splits == 1)
+            for (int e = threadIdx.x; e < G * D; e += DEC_THREADS)
+                out[((long long)s * H + h0 + e / D) * D + e % D] = __float2bfloat16(0.0f);
+        return;
+    }
+
+    float qf[G][8];  // this lane's 8 dims of the G queries, times scale*log2(e)
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        bf16x8_to_float(ldg16(q + (long long)s * q_stride + (long long)(h0 + g) * D + part * 8), qf[g]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
+    }
+    float m[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    }
+
+    const long long head_off = (long long)kvh * D + part * 8;
+    for (int base = start; base < end; base += TILE) {
+        // All of the tile's loads first (2U 16-byte vectors per lane), then the math.
+        uint4 kr[U], vr[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = base + u * NSUB + sub;
+            if (j < end) {
+                const long long row = kv.key_row(s, j);
+                kr[u] = ldg16(kv.k + row * kv.k_stride + head_off);
+                vr[u] = ldg16(kv.v + row * kv.v_stride + head_off);
+            } else {
+                kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        float sc[U][G];  // scores in log2 units; -inf past the end
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float kf[8];
+            bf16x8_to_float(kr[u], kf);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) dot = fmaf(qf[g][e], kf[e], dot);
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                sc[u][g] = base + u * NSUB + sub < end ? dot : -INFINITY;
+            }
+        }
+        // Online softmax, once per tile: the new max, one rescale of l and acc.
+        float m_use[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float m_new = m[g];
+#pragma unroll
+            for (int u = 0; u < U; u++) m_new = fmaxf(m_new, sc[u][g]);
+            // A substream that has seen no key yet keeps m = -inf; 0 then
+            // stands in for it so that no -inf - -inf (NaN) is formed.
+            m_use[g] = m_new == -INFINITY ? 0.0f : m_new;
+            const float rescale = exp2f(m[g] - m_use[g]);
+            l[g] *= rescale;
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[g][e] *= rescale;
+            m[g] = m_new;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float vf[8];
+            bf16x8_to_float(vr[u], vf);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const float p = exp2f(sc[u][g] - m_use[g]);  // 0 past the end
+                l[g] += p;
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+            }
+        }
+    }
+
+    // Combine the CTA's NSUB substreams: each lane's 8 accumulators and its
+    // substream's (m, l) to shared memory, then thread t sums element
+    // (g, d) = t, t + 128, ... over the substreams, each weighted by 2^(m - M).
+    __shared__ float sm_acc[NSUB][G][D];
+    __shared__ float sm_m[NSUB][G], sm_l[NSUB][G];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        float4 *dst = reinterpret_cast<float4 *>(&sm_acc[sub][g][part * 8]);
+        dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+        dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        if (part == 0) {
+            sm_m[sub][g] = m[g];
+            sm_l[sub][g] = l[g];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * D; e += DEC_THREADS) {
+        const int g = e / D, d = e % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < NSUB; k++) M = fmaxf(M, sm_m[k][g]);
+        // The piece has a key, so some substream saw one and M is finite;
+        // substreams that saw none have m = -inf: weight 0.
+        float L = 0.0f, A = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NSUB; k++) {
+            const float w = exp2f(sm_m[k][g] - M);
+            L = fmaf(w, sm_l[k][g], L);
+            A = fmaf(w, sm_acc[k][g][d], A);
+        }
+        const int h = h0 + g;
+        if (num_splits == 1) {
+            out[((long long)s * H + h) * D + d] = __float2bfloat16(A / L);
+        } else {
+            const long long piece = ((long long)s * H + h) * num_splits + split;
+            ws_o[piece * D + d] = A;
+            if (d == 0) {
+                ws_ml[piece * 2] = M;
+                ws_ml[piece * 2 + 1] = L;
+            }
+        }
+    }
+}
+
+// The reduction of the split pieces: grid (H, num_seqs), D threads each
+// (thread d owns output dimension d). Only the ceil(ctx / split_len)
+// pieces that hold keys were written; the others are never read.
+__global__ void __launch_bounds__(128)
+decode_reduce_kernel(bf16 *out, const float *ws_o, const float *ws_ml, const int32_t *context_lens, int H, int D,
+                     int num_splits, int split_len) {
+    const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
+    const int ctx = context_lens[s];
+    const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + split_len - 1) / split_len);
+    const long long first = ((long long)s * H + h) * num_splits;  // piece 0 of this (sequence, head)
+    float M = -INFINITY;
+    for (int k = 0; k < used; k++) M = fmaxf(M, ws_ml[(first + k) * 2]);
+    float L = 0.0f, A = 0.0f;
+    for (int k = 0; k < used; k++) {
+        const float w = exp2f(ws_ml[(first + k) * 2] - M);
+        L = fmaf(w, ws_ml[(first + k) * 2 + 1], L);
+        A = fmaf(w, ws_o[(first + k) * D + d], A);
+    }
+    out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
+}
+
+// How many pieces each sequence's context is cut into (see attention.h):
+// enough CTAs for two per SM, no piece shorter than DEC_MIN_PIECE keys (or
+// two cache blocks): below that, the pieces' fixed costs (queries, the
+// combine, the reduction) outweigh the bytes they read.
+enum { DEC_MIN_PIECE = 256 };
 static int decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len, int block_size, int num_sms) {
-    (void)num_seqs; (void)num_kv_heads; (void)max_context_len; (void)block_size; (void)num_sms;
-    return 1;
+    const long long ctas = (long long)num_seqs * num_kv_heads;
+    if (ctas <= 0 || max_context_len <= 0) return 1;
+    const long long target = 2LL * (num_sms > 0 ? num_sms : 132);
+    long long splits = (target + ctas - 1) / ctas;
+    const int min_piece = DEC_MIN_PIECE > 2 * block_size ? DEC_MIN_PIECE : 2 * block_size;
+    const long long most = max_context_len / min_piece;
+    if (splits > most) splits = most;
+    if (splits > ATTN_DECODE_MAX_SPLITS) splits = ATTN_DECODE_MAX_SPLITS;
+    return splits < 1 ? 1 : (int)splits;
+}
+
+template <int D, int G>
+static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
+                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
+                               cudaStream_t stream) {
+    constexpr int TILE = dec_tile(D, dec_unroll(G));
+    // Pieces of whole tiles: every piece but the last starts and ends on a tile.
+    const int per_piece = (max_context_len + num_splits - 1) / num_splits;
+    const int split_len = per_piece <= 0 ? TILE : (per_piece + TILE - 1) / TILE * TILE;
+    float *ws_o = workspace;
+    float *ws_ml = num_splits > 1 ? workspace + (size_t)num_seqs * H * num_splits * D : NULL;
+    const int groups_per_kv = H / Hkv / G;
+    dim3 grid((unsigned)(Hkv * groups_per_kv), (unsigned)num_seqs, (unsigned)num_splits);
+    const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x log2 e): exp2f is one instruction
+    decode_kernel_v2<D, G><<<grid, DEC_THREADS, 0, stream>>>(out, q, q_stride, kv, H, Hkv, scale_log2, num_splits,
+                                                             split_len, ws_o, ws_ml);
+    if (num_splits > 1)
+        decode_reduce_kernel<<<dim3((unsigned)H, (unsigned)num_seqs), D, 0, stream>>>(
+            out, ws_o, ws_ml, kv.context_lens, H, D, num_splits, split_len);
+}
+
+// G: the largest of 8, 4, 2, 1 that divides the group; a group of another
+// size (3, 6, 16...) is served by several CTAs per kv head, each reading K
+// and V (the repeats mostly from L2).
+template <int D>
+static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
+                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
+                               cudaStream_t stream) {
+    const int group = H / Hkv;
+    if (group % 8 == 0)
+        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+    else if (group % 4 == 0)
+        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+    else if (group % 2 == 0)
+        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+    else
+        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
 }
 
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
                             cudaStream_t stream) {
-    (void)out; (void)q; (void)q_stride; (void)kv; (void)num_seqs; (void)max_context_len; (void)H; (void)Hkv;
-    (void)D; (void)scale; (void)num_splits; (void)workspace; (void)stream;
-    return mv_error("attention_decode_cuda: version 2 is not written yet");
+    if (D == 128)
+        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+    else
+        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+    return 0;
 }

@@ -31,8 +31,18 @@
  *      bits as one (block sizes 16 and 32). Unused cache slots hold NaN and
  *      outputs are poisoned, so a wrong read or a missed write fails.
  *   3. The rejection of bad inputs, with the message checked.
- * The GPU half (CUDA kernels checked against this reference, then timed)
- * is not written yet.
+ *   4. Every CUDA version (kernels/attention.cu) on the same kinds of ragged
+ *      batches against the CPU reference (bf16 in, outputs poisoned first):
+ *      prefill through the paged cache and with packed keys (a stride other
+ *      than the row), decode unsplit, in 3 pieces (some start past a short
+ *      sequence's end), in the automatic number, and told an upper bound of
+ *      max_context_len; long sequences (1100 tokens, a chunk after a 1200-token
+ *      prefix, up to 64 decode pieces); the launchers' refusals.
+ *   5. Timing at Qwen3-0.6B's heads: decode 256 x 1024 (target: 75% of the
+ *      measured copy bandwidth, counting the K and V bytes), 1 x 1024,
+ *      1 x 16384 (split against unsplit), 64 x 4096; causal prefill 16 x 1024,
+ *      1 x 8192, 64 x 256 in TFLOP/s against the measured GEMM rate. At these
+ *      sizes version 2 is checked against version 1 first.
  *
  * Build and run:  make && ./build/07-attention [--json FILE] [--help]
  * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
@@ -190,6 +200,461 @@ static void check_rejections(harness_t *h) {
                  "sequence 1: block_tables[1][1] = -1");
 }
 
+
+// ---- 4. the CUDA kernels (kernels/attention.cu) -----------------------------------------
+#if MV_HAVE_CUDA
+#include "kernels/attention.h"
+
+#define BF16_HALF_ULP (1.0 / 256)  // 2^-8: bf16 keeps 8 significant bits
+// Naive prefill, naive decode, split decode: fp32 scores, softmax and sums.
+static const tolerance_t TOL_GPU = {
+    1e-4, BF16_HALF_ULP + 1e-5, (BF16_HALF_ULP + 1e-5) * (BF16_HALF_ULP + 1e-5),
+    "output stored as bf16: half an ulp, 2^-8 relative; fp32 scores (D products of |q|~2 by |k|~1, "
+    "~1e-6 relative) move each weight by ~1e-6, on values |v| < ~5: ~1e-5 absolute, 1e-4 allowed"};
+
+// The flash prefill rounds the weights P to bf16 before the P V mma (the
+// tensor cores take bf16): each weight is off by up to 2^-8 of itself while
+// the row sum l keeps the fp32 weights, so an output is off by up to
+// 2^-8 * sum_j p_j |v_j| / l <= 2^-8 * max |v|, on top of the output's own
+// rounding. The errors of different weights have random signs, so their
+// mean square is ~(2^-8)^2/3 of the output's: NMSE bound 4 * (2^-8)^2.
+static tolerance_t tol_flash(double max_abs_v) {
+    tolerance_t t = {BF16_HALF_ULP * max_abs_v + 1e-4, BF16_HALF_ULP + 1e-5, 4 * BF16_HALF_ULP * BF16_HALF_ULP,
+                     "bf16 output (2^-8 relative) + P rounded to bf16 before the PV mma: up to 2^-8 * max|v| "
+                     "absolute (max|v| of the case); NMSE ~(2^-8)^2/3 each, 4*(2^-8)^2 allowed"};
+    return t;
+}
+
+// Version 2 against version 1 on the timed shapes (too large for the CPU
+// reference): both are rounded to bf16 from fp32 results, so they may be a
+// whole ulp apart (2^-7 relative), plus the flash version's P rounding.
+static tolerance_t tol_vs_v1(int flash, double max_abs_v) {
+    tolerance_t t = {(flash ? BF16_HALF_ULP * max_abs_v : 0) + 2e-4, 2 * BF16_HALF_ULP + 2e-5,
+                     (flash ? 4 : 1) * 4 * BF16_HALF_ULP * BF16_HALF_ULP,
+                     "two bf16 roundings (one per version: 2^-7 relative) of fp32 results; for the flash "
+                     "version also P in bf16 (2^-8 * max|v| absolute)"};
+    return t;
+}
+
+// A batch on the device: q as a view into QKV rows (q_stride = (H + 2*Hkv) * D,
+// the engine's layout; the other columns poison), the paged caches, and the
+// same keys packed for the varlen entry, k and v interleaved in one buffer
+// (each with stride 2 * Hkv * D, so a stride other than the row is exercised).
+typedef struct {
+    int S, H, Hkv, D, bs, nb, mb, T_q, T_k, max_ctx, max_n;
+    long long q_stride, kv_stride;
+    bf16_t *q;          // [T_q, q_stride]
+    bf16_t *q_dec;      // [S, q_stride]: each sequence's last query row
+    bf16_t *kv;         // [T_k, 2 * Hkv * D]: k row, then v row
+    bf16_t *k_cache, *v_cache;  // [nb, bs, Hkv, D]
+    int32_t *cu_q, *cu_k, *ctx, *tables;
+    bf16_t *out;        // [T_q, H, D]
+    bf16_t *out_dec;    // [S, H, D]
+    void *ws;           // split decode workspace for ATTN_DECODE_MAX_SPLITS pieces
+    size_t ws_bytes;
+    double max_abs_v;
+} dcase_t;
+
+// rows x cols floats into bf16 rows of `stride` elements at column col0 (host).
+static void pack_rows(bf16_t *dst, size_t stride, size_t col0, const float *src, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) dst[r * stride + col0 + c] = float_to_bf16(src[r * cols + c]);
+}
+
+static bf16_t *upload_packed(const float *src, size_t rows, size_t cols, size_t stride, size_t col0,
+                             const float *src2, size_t col2) {
+    bf16_t *h = xmalloc(sizeof(bf16_t) * rows * stride);
+    poison_host(h, sizeof(bf16_t) * rows * stride);
+    pack_rows(h, stride, col0, src, rows, cols);
+    if (src2) pack_rows(h, stride, col2, src2, rows, cols);
+    bf16_t *d = gpu_alloc(sizeof(bf16_t) * rows * stride);
+    gpu_upload(d, h, sizeof(bf16_t) * rows * stride);
+    free(h);
+    return d;
+}
+
+static int32_t *upload_i32(const int32_t *src, size_t n) {
+    int32_t *d = gpu_alloc(sizeof(int32_t) * n);
+    gpu_upload(d, src, sizeof(int32_t) * n);
+    return d;
+}
+
+static void dcase_upload(dcase_t *d, const attn_case_t *c, const float *q_dec) {
+    memset(d, 0, sizeof *d);
+    d->S = c->num_seqs, d->H = c->num_heads, d->Hkv = c->num_kv_heads, d->D = c->head_dim;
+    d->bs = c->block_size, d->nb = c->num_blocks, d->mb = c->max_blocks, d->T_q = c->T_q, d->T_k = c->T_k;
+    for (int s = 0; s < c->num_seqs; s++) {
+        d->max_ctx = c->context_lens[s] > d->max_ctx ? c->context_lens[s] : d->max_ctx;
+        const int n = c->cu_seqlens_q[s + 1] - c->cu_seqlens_q[s];
+        d->max_n = n > d->max_n ? n : d->max_n;
+    }
+    const size_t qrow = (size_t)d->H * d->D, row = (size_t)d->Hkv * d->D;
+    d->q_stride = (long long)(qrow + 2 * row);
+    d->kv_stride = (long long)(2 * row);
+    d->q = upload_packed(c->q, (size_t)d->T_q, qrow, (size_t)d->q_stride, 0, NULL, 0);
+    d->q_dec = upload_packed(q_dec, (size_t)d->S, qrow, (size_t)d->q_stride, 0, NULL, 0);
+    d->kv = upload_packed(c->k, (size_t)d->T_k, row, 2 * row, 0, c->v, row);
+    const size_t slots = (size_t)d->nb * d->bs;  // unused slots hold NaN (attn_case_make): a stray read poisons
+    d->k_cache = upload_packed(c->k_cache, slots, row, row, 0, NULL, 0);
+    d->v_cache = upload_packed(c->v_cache, slots, row, row, 0, NULL, 0);
+    d->cu_q = upload_i32(c->cu_seqlens_q, (size_t)d->S + 1);
+    d->cu_k = upload_i32(c->cu_seqlens_k, (size_t)d->S + 1);
+    d->ctx = upload_i32(c->context_lens, (size_t)d->S);
+    d->tables = upload_i32(c->block_tables, (size_t)d->S * d->mb);
+    d->out = gpu_alloc(sizeof(bf16_t) * (size_t)d->T_q * qrow);
+    d->out_dec = gpu_alloc(sizeof(bf16_t) * (size_t)d->S * qrow);
+    d->ws_bytes = attention_decode_workspace_bytes(d->S, d->H, d->D, ATTN_DECODE_MAX_SPLITS);
+    d->ws = gpu_alloc(d->ws_bytes);
+    d->max_abs_v = 0;
+    for (size_t i = 0; i < (size_t)d->T_k * row; i++) d->max_abs_v = fmax(d->max_abs_v, fabs(c->v[i]));
+}
+
+static void dcase_free(dcase_t *d) {
+    gpu_free(d->q); gpu_free(d->q_dec); gpu_free(d->kv); gpu_free(d->k_cache); gpu_free(d->v_cache);
+    gpu_free(d->cu_q); gpu_free(d->cu_k); gpu_free(d->ctx); gpu_free(d->tables);
+    gpu_free(d->out); gpu_free(d->out_dec); gpu_free(d->ws);
+}
+
+enum { RUN_PAGED, RUN_VARLEN, RUN_DECODE };
+typedef struct {
+    int kind, version, splits, max_ctx_arg;  // max_ctx_arg: what decode is told max_context_len is
+    const dcase_t *d;
+} run_t;
+
+static int run_attn(void *p, cudaStream_t stream) {
+    const run_t *r = p;
+    const dcase_t *d = r->d;
+    const float scale = (float)(1.0 / sqrt((double)d->D));
+    const long long row = (long long)d->Hkv * d->D;
+    switch (r->kind) {
+    case RUN_PAGED:
+        return attention_prefill_cuda(r->version, d->out, d->q, d->q_stride, d->k_cache, d->v_cache, d->cu_q, d->ctx,
+                                      d->tables, d->S, d->max_n, d->H, d->Hkv, d->D, d->bs, d->nb, d->mb, scale,
+                                      stream);
+    case RUN_VARLEN:
+        return attention_prefill_varlen_cuda(r->version, d->out, d->q, d->q_stride, d->kv, d->kv_stride, d->kv + row,
+                                             d->kv_stride, d->cu_q, d->cu_k, d->S, d->max_n, d->H, d->Hkv, d->D,
+                                             scale, stream);
+    default:
+        return attention_decode_cuda(r->version, r->splits, d->out_dec, d->q_dec, d->q_stride, d->k_cache,
+                                     d->v_cache, d->ctx, d->tables, d->S, r->max_ctx_arg, d->H, d->Hkv, d->D, d->bs,
+                                     d->nb, d->mb, scale, d->ws, d->ws_bytes, stream);
+    }
+}
+
+static const char *kind_name(int kind) {
+    return kind == RUN_PAGED ? "prefill paged" : kind == RUN_VARLEN ? "prefill varlen" : "decode";
+}
+
+// Poison the output, run once, compare with `ref` (float, [rows, H, D]).
+// Returns the bf16 output on the host (caller frees) when keep is set.
+static bf16_t *check_run(harness_t *h, const char *case_name, const run_t *r, const float *ref, tolerance_t tol,
+                         const char *shape, int keep) {
+    const dcase_t *d = r->d;
+    const size_t n = (size_t)(r->kind == RUN_DECODE ? d->S : d->T_q) * d->H * d->D;
+    bf16_t *d_out = r->kind == RUN_DECODE ? d->out_dec : d->out;
+    gpu_poison(d_out, n * sizeof(bf16_t));
+    MV_CHECK(run_attn((void *)r, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bf16_t *got = xmalloc(n * sizeof(bf16_t));
+    gpu_download(got, d_out, n * sizeof(bf16_t));
+    char label[128];
+    const char *vname = r->kind == RUN_DECODE ? attention_decode_version_name(r->version)
+                                              : attention_prefill_version_name(r->version);
+    if (r->kind == RUN_DECODE)
+        snprintf(label, sizeof label, "%s %s splits=%d%s", kind_name(r->kind), vname, r->splits,
+                 r->splits == 0 ? "(auto)" : "");
+    else
+        snprintf(label, sizeof label, "%s %s", kind_name(r->kind), vname);
+    if (r->kind == RUN_DECODE && r->max_ctx_arg != d->max_ctx) {
+        const size_t len = strlen(label);
+        snprintf(label + len, sizeof label - len, " max_ctx=%d (bound)", r->max_ctx_arg);
+    }
+    harness_check(h, "gpu", case_name, label, shape, compare_bf16(label, got, ref, n, tol, 0), tol);
+    if (keep) return got;
+    free(got);
+    return NULL;
+}
+
+// Every version and entry point on one case, against the CPU reference.
+static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_t *c, int big) {
+    const int S = c->num_seqs, H = c->num_heads, D = c->head_dim;
+    const size_t n_out = (size_t)c->T_q * H * D, n_dec = (size_t)S * H * D;
+    float *ref = xmalloc(sizeof(float) * n_out), *ref_dec = xmalloc(sizeof(float) * n_dec);
+    float *q_dec = xmalloc(sizeof(float) * n_dec);
+    MV_CHECK(attention_prefill_cpu(ref, c->q, c->k_cache, c->v_cache, c->cu_seqlens_q, c->context_lens,
+                                   c->block_tables, S, H, c->num_kv_heads, D, c->block_size, c->num_blocks,
+                                   c->max_blocks, c->scale, 0));
+    attn_case_last_rows(c, q_dec, c->q, sizeof(float));
+    MV_CHECK(attention_decode_cpu(ref_dec, q_dec, c->k_cache, c->v_cache, c->context_lens, c->block_tables, S, H,
+                                  c->num_kv_heads, D, c->block_size, c->num_blocks, c->max_blocks, c->scale, 0));
+    dcase_t d;
+    dcase_upload(&d, c, q_dec);
+    char shape[128];
+    snprintf(shape, sizeof shape, "S=%d Tq=%d ctx<=%d H=%d/%d D=%d bs=%d shared=%d", S, c->T_q, d.max_ctx, H,
+             c->num_kv_heads, D, c->block_size, c->num_shared);
+    const tolerance_t tf = tol_flash(d.max_abs_v);
+    for (int v = 1; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
+        const tolerance_t tol = v == ATTN_PREFILL_FAST ? tf : TOL_GPU;
+        run_t r = {RUN_PAGED, v, 0, 0, &d};
+        check_run(h, case_name, &r, ref, tol, shape, 0);
+        r.kind = RUN_VARLEN;
+        check_run(h, case_name, &r, ref, tol, shape, 0);
+    }
+    // Decode: version 1; version 2 unsplit, in 3 pieces (odd: pieces that
+    // start past a short sequence's end), in the automatic number, and in 3
+    // pieces with max_context_len an upper bound (what a CUDA graph passes).
+    run_t r = {RUN_DECODE, 1, 0, d.max_ctx, &d};
+    check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+    const int splits[3] = {1, 3, 0};
+    for (int i = 0; i < 3; i++) {
+        r = (run_t){RUN_DECODE, 2, splits[i], d.max_ctx, &d};
+        check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+    }
+    r = (run_t){RUN_DECODE, 2, 3, d.max_ctx + 1000, &d};
+    check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+    if (big) {  // many pieces on a long context
+        r = (run_t){RUN_DECODE, 2, ATTN_DECODE_MAX_SPLITS, d.max_ctx, &d};
+        check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+    }
+    dcase_free(&d);
+    free(ref); free(ref_dec); free(q_dec);
+}
+
+static void check_gpu_ragged(harness_t *h, rng_t *rng, int block_size, int H, int Hkv, int D) {
+    attn_seq_spec_t specs[ATTN_MIX_SEQS];
+    const int S = attn_specs_ragged(specs, rng, block_size);
+    attn_case_t c;
+    MV_CHECK(attn_case_make(&c, rng, specs, S, H, Hkv, D, block_size));
+    check_gpu_case(h, "ragged", &c, 0);
+    attn_case_free(&c);
+}
+
+// Longer sequences: many key tiles, many query tiles, many split pieces.
+// A 1100-token prompt (no prefix), a 300-token chunk after a 1200-token
+// prefix, a prefix hit sharing the first one's blocks, a decode token over
+// 2500 keys; at Qwen3-0.6B's heads and at D = 64 with GQA 4.
+static void check_gpu_long(harness_t *h, rng_t *rng, int block_size, int H, int Hkv, int D, int small) {
+    attn_seq_spec_t specs[4] = {
+        {small ? 200 : 1100, small ? 200 : 1100, -1, 0},
+        {small ? 70 : 300, small ? 330 : 1500, -1, 0},
+        {small ? 9 : 37, (small ? 192 : 1024) / block_size * block_size + (small ? 9 : 37), 0,
+         (small ? 192 : 1024) / block_size},
+        {1, small ? 600 : 2500, -1, 0},
+    };
+    attn_case_t c;
+    MV_CHECK(attn_case_make(&c, rng, specs, 4, H, Hkv, D, block_size));
+    check_gpu_case(h, small ? "long (small: --checks-only)" : "long", &c, 1);
+    attn_case_free(&c);
+}
+
+static void expect_gpu_error(harness_t *h, const char *what, int rc, const char *must_mention) {
+    char detail[320];
+    snprintf(detail, sizeof detail, "%s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "gpu", "reject", what, rc != 0 && strstr(mv_last_error(), must_mention) != NULL, detail);
+}
+
+// The launchers refuse what the kernels do not support, before any launch.
+static void check_gpu_rejections(harness_t *h) {
+    bf16_t *buf = gpu_alloc(1 << 16);
+    int32_t *ibuf = gpu_alloc(1 << 12);
+    const float sc = 0.088f;
+    expect_gpu_error(h, "prefill head_dim 96",
+                     attention_prefill_cuda(2, buf, buf, 16 * 96, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 96, 16, 4,
+                                            1, sc, 0),
+                     "head_dim 96 is not supported");
+    expect_gpu_error(h, "prefill block_size 8",
+                     attention_prefill_cuda(1, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 8, 4, 1,
+                                            sc, 0),
+                     "block_size 8 is not supported");
+    expect_gpu_error(h, "prefill block_size 48",
+                     attention_prefill_cuda(1, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 48, 4, 1,
+                                            sc, 0),
+                     "block_size 48 is not supported");
+    expect_gpu_error(h, "prefill version 3",
+                     attention_prefill_cuda(3, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
+                                            sc, 0),
+                     "unknown version 3");
+    expect_gpu_error(h, "varlen version 0",
+                     attention_prefill_varlen_cuda(0, buf, buf, 2048, buf, 1024, buf, 1024, ibuf, ibuf, 1, 1, 16, 8,
+                                                   128, sc, 0),
+                     "unknown version 0");
+    expect_gpu_error(h, "varlen head_dim 256",
+                     attention_prefill_varlen_cuda(1, buf, buf, 4096, buf, 2048, buf, 2048, ibuf, ibuf, 1, 1, 16, 8,
+                                                   256, sc, 0),
+                     "head_dim 256 is not supported");
+    expect_gpu_error(h, "decode version 7",
+                     attention_decode_cuda(7, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                                           NULL, 0, 0),
+                     "unknown version 7");
+    expect_gpu_error(h, "decode version 1 asked to split",
+                     attention_decode_cuda(1, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                                           NULL, 0, 0),
+                     "version 1 does not split");
+    expect_gpu_error(h, "decode 65 splits",
+                     attention_decode_cuda(2, 65, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                                           NULL, 0, 0),
+                     "num_splits 65 outside");
+    expect_gpu_error(h, "decode split without workspace",
+                     attention_decode_cuda(2, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                                           NULL, 0, 0),
+                     "need");
+    expect_gpu_error(h, "decode block_size 512",
+                     attention_decode_cuda(2, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 512, 4, 1,
+                                           sc, NULL, 0, 0),
+                     "block_size 512 is not supported");
+    expect_gpu_error(h, "version 2 with a misaligned q row stride",
+                     attention_prefill_cuda(2, buf, buf, 2052, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
+                                            sc, 0),
+                     "16-byte");
+    gpu_free(buf);
+    gpu_free(ibuf);
+}
+
+// ---- 5. timings ------------------------------------------------------------------------
+
+// A large batch built straight on the device (no CPU reference at these
+// sizes: version 2 is checked against version 1 instead). Every sequence
+// has n new tokens over ctx keys; blocks handed out in a random order.
+static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int H, int Hkv, int D, int bs) {
+    memset(d, 0, sizeof *d);
+    d->S = S, d->H = H, d->Hkv = Hkv, d->D = D, d->bs = bs, d->max_ctx = ctx, d->max_n = n;
+    d->T_q = S * n, d->T_k = S * ctx;
+    d->mb = (ctx + bs - 1) / bs;
+    d->nb = S * d->mb;
+    const size_t row = (size_t)Hkv * D, qrow = (size_t)H * D;
+    d->q_stride = (long long)(qrow + 2 * row);
+    d->kv_stride = (long long)(2 * row);
+    // Random bf16 from a 16 MB pattern, repeated: N(0, 2) for q, N(0, 1) for k and v.
+    const size_t pat = (size_t)8 << 20;
+    bf16_t *hq = xmalloc(pat * 2), *hk = xmalloc(pat * 2);
+    fill_normal_bf16(rng, hq, pat, 0.0f, 2.0f);
+    fill_normal_bf16(rng, hk, pat, 0.0f, 1.0f);
+    d->max_abs_v = 0;
+    for (size_t i = 0; i < pat; i++) d->max_abs_v = fmax(d->max_abs_v, fabs(bf16_to_float(hk[i])));
+    struct { bf16_t **p; size_t n; const bf16_t *src; size_t shift; } bufs[5] = {
+        {&d->q, (size_t)d->T_q * d->q_stride, hq, 0},
+        {&d->q_dec, (size_t)S * d->q_stride, hq, 12345},
+        {&d->kv, (size_t)d->T_k * d->kv_stride, hk, 0},
+        {&d->k_cache, (size_t)d->nb * bs * row, hk, 777},
+        {&d->v_cache, (size_t)d->nb * bs * row, hk, 4242},
+    };
+    for (int b = 0; b < 5; b++) {
+        *bufs[b].p = gpu_alloc(bufs[b].n * 2);
+        for (size_t off = 0; off < bufs[b].n; off += pat - bufs[b].shift) {
+            const size_t len = bufs[b].n - off < pat - bufs[b].shift ? bufs[b].n - off : pat - bufs[b].shift;
+            gpu_upload(*bufs[b].p + off, bufs[b].src + bufs[b].shift, len * 2);
+        }
+    }
+    int32_t *cu_q = xmalloc(sizeof(int32_t) * (S + 1)), *cu_k = xmalloc(sizeof(int32_t) * (S + 1));
+    int32_t *lens = xmalloc(sizeof(int32_t) * S), *tables = xmalloc(sizeof(int32_t) * (size_t)d->nb);
+    for (int s = 0; s <= S; s++) cu_q[s] = s * n, cu_k[s] = s * ctx;
+    for (int s = 0; s < S; s++) lens[s] = ctx;
+    for (int i = 0; i < d->nb; i++) tables[i] = i;
+    for (int i = d->nb - 1; i > 0; i--) {
+        const int j = rng_int(rng, 0, i);
+        const int32_t t = tables[i];
+        tables[i] = tables[j];
+        tables[j] = t;
+    }
+    d->cu_q = upload_i32(cu_q, (size_t)S + 1);
+    d->cu_k = upload_i32(cu_k, (size_t)S + 1);
+    d->ctx = upload_i32(lens, (size_t)S);
+    d->tables = upload_i32(tables, (size_t)d->nb);
+    d->out = gpu_alloc(sizeof(bf16_t) * (size_t)d->T_q * qrow);
+    d->out_dec = gpu_alloc(sizeof(bf16_t) * (size_t)S * qrow);
+    d->ws_bytes = attention_decode_workspace_bytes(S, H, D, ATTN_DECODE_MAX_SPLITS);
+    d->ws = gpu_alloc(d->ws_bytes);
+    free(hq); free(hk); free(cu_q); free(cu_k); free(lens); free(tables);
+}
+
+static double time_run(harness_t *h, run_t *r, int reps) {
+    timing_opts_t opts = {reps > 3 ? 5 : 1, h->quick && reps > 10 ? 10 : reps, 1};
+    return gpu_time_ms(run_attn, r, opts);
+}
+
+// Run version `ref_version` once and return its output as floats (the
+// reference for version 2 at sizes the CPU reference would take too long on).
+static float *gpu_reference(const run_t *r) {
+    const dcase_t *d = r->d;
+    const size_t n = (size_t)(r->kind == RUN_DECODE ? d->S : d->T_q) * d->H * d->D;
+    bf16_t *d_out = r->kind == RUN_DECODE ? d->out_dec : d->out;
+    gpu_poison(d_out, n * sizeof(bf16_t));
+    MV_CHECK(run_attn((void *)r, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bf16_t *got = xmalloc(n * sizeof(bf16_t));
+    gpu_download(got, d_out, n * sizeof(bf16_t));
+    float *ref = xmalloc(n * sizeof(float));
+    bf16_to_float_array(ref, got, n);
+    free(got);
+    return ref;
+}
+
+// Decode at S x ctx, Qwen3-0.6B heads: version 2 (automatic splits, and
+// unsplit when that splits) checked against version 1, then all timed.
+// Bytes: every K and V element of every context once,
+// S * ctx * Hkv * D * 2 bytes * 2 (q and out are 1/ctx of that).
+static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_pct) {
+    const int H = 16, Hkv = 8, D = 128, bs = 16;
+    dcase_t d;
+    dcase_make_big(&d, rng, S, 1, ctx, H, Hkv, D, bs);
+    char case_name[48], shape[96];
+    snprintf(case_name, sizeof case_name, "decode %dx%d", S, ctx);
+    const int auto_splits = attention_decode_num_splits(S, Hkv, ctx, bs);
+    snprintf(shape, sizeof shape, "S=%d ctx=%d H=%d/%d D=%d bs=%d auto splits %d", S, ctx, H, Hkv, D, bs,
+             auto_splits);
+    const double bytes = (double)S * ctx * Hkv * D * 2.0 * 2.0;
+    run_t r1 = {RUN_DECODE, 1, 0, ctx, &d};
+    float *ref = gpu_reference(&r1);
+    const tolerance_t tol = tol_vs_v1(0, d.max_abs_v);
+    run_t runs[2] = {{RUN_DECODE, 2, 0, ctx, &d}, {RUN_DECODE, 2, 1, ctx, &d}};
+    const int nruns = auto_splits > 1 ? 2 : 1;
+    for (int i = 0; i < nruns; i++) check_run(h, case_name, &runs[i], ref, tol, shape, 0);
+    char label[64];
+    snprintf(label, sizeof label, "%s", attention_decode_version_name(1));
+    harness_timing(h, case_name, label, shape, time_run(h, &r1, 20), bytes, 0, 0);
+    for (int i = 0; i < nruns; i++) {
+        snprintf(label, sizeof label, "%s, %d split%s", attention_decode_version_name(2),
+                 i == 0 ? auto_splits : 1, (i == 0 ? auto_splits : 1) > 1 ? "s" : "");
+        harness_timing(h, case_name, label, shape, time_run(h, &runs[i], 50), bytes, 0, i == 0 ? target_pct : 0);
+    }
+    free(ref);
+    dcase_free(&d);
+}
+
+// Causal pairs (query, key it sees) of S sequences of n new tokens over ctx
+// keys: query i sees ctx - n + i + 1 keys.
+static double causal_pairs(int S, int n, int ctx) { return (double)S * ((double)n * (ctx - n) + 0.5 * n * (n + 1.0)); }
+
+// Prefill of S prompts of n tokens (no prefix), Qwen3-0.6B heads: version 2
+// paged and varlen checked against version 1 paged, then timed. FLOPs:
+// Q K^T and P V each 2 * D per (query head, causal pair): 4 * D * H * pairs.
+static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps) {
+    const int H = 16, Hkv = 8, D = 128, bs = 16;
+    dcase_t d;
+    dcase_make_big(&d, rng, S, n, n, H, Hkv, D, bs);
+    char case_name[48], shape[96];
+    snprintf(case_name, sizeof case_name, "prefill %dx%d", S, n);
+    snprintf(shape, sizeof shape, "S=%d n=%d causal H=%d/%d D=%d bs=%d", S, n, H, Hkv, D, bs);
+    const double flops = 4.0 * D * H * causal_pairs(S, n, n);
+    run_t r1 = {RUN_PAGED, 1, 0, 0, &d};
+    float *ref = gpu_reference(&r1);
+    const tolerance_t tol = tol_vs_v1(1, d.max_abs_v);
+    run_t paged = {RUN_PAGED, ATTN_PREFILL_FAST, 0, 0, &d}, varlen = {RUN_VARLEN, ATTN_PREFILL_FAST, 0, 0, &d};
+    check_run(h, case_name, &paged, ref, tol, shape, 0);
+    check_run(h, case_name, &varlen, ref, tol, shape, 0);
+    char label[64];
+    snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(1));
+    harness_timing(h, case_name, label, shape, time_run(h, &r1, naive_reps), 0, flops, 0);
+    snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(ATTN_PREFILL_FAST));
+    harness_timing(h, case_name, label, shape, time_run(h, &paged, 50), 0, flops, 0);
+    snprintf(label, sizeof label, "varlen %s", attention_prefill_version_name(ATTN_PREFILL_FAST));
+    harness_timing(h, case_name, label, shape, time_run(h, &varlen, 50), 0, flops, 0);
+    free(ref);
+    dcase_free(&d);
+}
+#endif
+
 int main(int argc, char **argv) {
     harness_t h;
     harness_begin(&h, "07-attention",
@@ -211,7 +676,32 @@ int main(int argc, char **argv) {
     harness_section(&h, "CPU reference: bad inputs are rejected, naming the sequence and the value");
     check_rejections(&h);
 
-    h.gpu_note = "the CUDA kernels of chapter 07 are not written yet";
-    if (!h.summary) printf("\n== GPU half: %s; only the CPU reference is checked.\n", h.gpu_note);
+#if MV_HAVE_CUDA
+    if (h.use_gpu) {
+        harness_section(&h, "CUDA versions against the CPU reference: the same ragged batches, prefill paged and "
+                            "varlen, decode unsplit, in 3 pieces, automatic, with max_context_len an upper bound");
+        for (int b = 0; b < 5; b++)
+            for (int g = 0; g < 4; g++)
+                check_gpu_ragged(&h, &rng, block_sizes[b], gqa[g].H, gqa[g].Hkv, (b + g) % 2 ? 128 : 64);
+        harness_section(&h, "CUDA versions on long sequences: many key and query tiles, up to 64 decode pieces");
+        // Under --checks-only (compute-sanitizer) the long case shrinks: the
+        // sanitizer slows kernels 10-100x.
+        check_gpu_long(&h, &rng, 16, 16, 8, 128, h.checks_only);
+        check_gpu_long(&h, &rng, 64, 8, 2, 64, h.checks_only);
+        harness_section(&h, "CUDA launchers: bad arguments are refused with a message");
+        check_gpu_rejections(&h);
+        if (h.do_timing) {
+            harness_section(&h, "Decode at Qwen3-0.6B's heads (16 q, 8 kv, D 128): GB/s of K and V read");
+            time_decode(&h, &rng, 256, 1024, 75.0);
+            time_decode(&h, &rng, 1, 1024, 0);
+            time_decode(&h, &rng, 1, 16384, 0);
+            time_decode(&h, &rng, 64, 4096, 0);
+            harness_section(&h, "Prefill, causal, Qwen3-0.6B's heads: TFLOP/s of 4*D*H*(causal pairs)");
+            time_prefill(&h, &rng, 16, 1024, 3);
+            time_prefill(&h, &rng, 1, 8192, 1);
+            time_prefill(&h, &rng, 64, 256, 5);
+        }
+    }
+#endif
     return harness_end(&h);
 }
