@@ -103,7 +103,7 @@ LIBS     := $(LIB_HOST) $(LIB_CUDA)
 # Keep object files that pattern rules build on the way (make would delete them).
 .SECONDARY:
 
-all: $(CHAPTER_BINS)
+all: $(CHAPTER_BINS) $(BUILD)/engine_check
 	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
 
 comma := ,
@@ -135,6 +135,12 @@ $(BUILD)/0%: $(BUILD)/obj/chapters/0%/main.o $(LIBS)
 	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/minivllm: $(BUILD)/obj/chapters/09-engine/main.o $(LIBS)
+	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+
+# The engine's GPU check (tests/gpu/engine_check.c): the cuda backend against
+# transformers' goldens and the GPU sampler against the host's. Built
+# everywhere (--device cpu runs its golden half without a GPU).
+$(BUILD)/engine_check: $(BUILD)/obj/tests/gpu/engine_check.o $(LIBS)
 	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)

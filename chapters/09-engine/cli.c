@@ -98,7 +98,7 @@ int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, 
 
 int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
     const cli_opt_t o[CLI_ENGINE_N_OPTS] = {
-        {"--device", "DEV", "cpu (default; the only backend built yet) or cuda", &a->device, NULL},
+        {"--device", "DEV", "cuda or cpu (default: cuda when a CUDA GPU is present, else cpu)", &a->device, NULL},
         {"--max-model-len", "N", "prompt + generated tokens (default min(max_position_embeddings, 4096))",
          &a->max_model_len, NULL},
         {"--max-num-seqs", "N", "sequences per step (default 16)", &a->max_num_seqs, NULL},
@@ -106,7 +106,10 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
         {"--block-size", "N", "tokens per KV-cache block (default 16)", &a->block_size, NULL},
         {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within --kv-cache-gib)", &a->num_blocks,
          NULL},
-        {"--kv-cache-gib", "G", "KV-cache memory when --num-blocks is not given (default 2)", &a->kv_gib, NULL},
+        {"--kv-cache-gib", "G", "KV-cache memory when --num-blocks is not given (cpu default 2; cuda default: "
+                                "from --gpu-memory-utilization)", &a->kv_gib, NULL},
+        {"--gpu-memory-utilization", "F", "cuda: share of GPU memory for weights, scratch and KV cache (default 0.9)",
+         &a->gpu_util, NULL},
         {"--threads", "N", "CPU threads, 0 = one per CPU (default)", &a->threads, NULL},
         {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a->no_prefix},
     };
@@ -132,11 +135,19 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
     float gib = 0;
     if (cli_parse_float(cmd, "--kv-cache-gib", a->kv_gib, 0, 1 << 20, 1, &gib)) return CLI_USAGE;
     ec->kv_cache_bytes = (long long)((double)gib * (double)(1LL << 30));
+    if (cli_parse_float(cmd, "--gpu-memory-utilization", a->gpu_util, 0, 1, 1, &ec->gpu_memory_utilization))
+        return CLI_USAGE;
     ec->enable_prefix_caching = !a->no_prefix;
     if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
         return bad_value(cmd, "--device", a->device, "cpu or cuda");
-    if (a->device && strcmp(a->device, "cuda") == 0)
-        return cli_error(cmd, CLI_FAIL, "the cuda backend is not built yet (use --device cpu)");
+    if (!a->device) {
+        ec->device = model_runner_default_device();
+        return CLI_OK;
+    }
+    ec->device = strcmp(a->device, "cuda") == 0 ? RUNNER_DEVICE_CUDA : RUNNER_DEVICE_CPU;
+    char why[256];
+    if (!model_runner_device_available(ec->device, why, sizeof why))
+        return cli_error(cmd, CLI_FAIL, "--device %s: %s (use --device cpu)", a->device, why);
     return CLI_OK;
 }
 

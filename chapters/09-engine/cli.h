@@ -47,17 +47,20 @@ int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, 
 // The engine's options, shared by every command that runs the engine
 // (generate, bench): --device, --max-model-len, --max-num-seqs,
 // --max-num-batched-tokens, --block-size, --num-blocks, --kv-cache-gib,
-// --threads, --no-prefix-caching.
+// --gpu-memory-utilization, --threads, --no-prefix-caching.
 typedef struct {
     const char *device, *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
+    const char *gpu_util;
     int no_prefix;
 } cli_engine_args_t;
-enum { CLI_ENGINE_N_OPTS = 9 };
+enum { CLI_ENGINE_N_OPTS = 10 };
 // Write the CLI_ENGINE_N_OPTS option entries, bound to *a, into opts[];
 // returns CLI_ENGINE_N_OPTS.
 int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);
-// The parsed options over engine_config_default's zeros. CLI_USAGE naming a
-// bad value, CLI_FAIL for --device cuda (not built yet), else CLI_OK.
+// The parsed options over engine_config_default's zeros. Without --device:
+// cuda when a CUDA GPU is visible (in a build with CUDA), else cpu.
+// CLI_USAGE naming a bad value, CLI_FAIL for --device cuda where it cannot
+// run (saying why), else CLI_OK.
 int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec);
 
 // Output helpers: a JSON list "[1, 2, 3]" and a JSON string, each on one line.

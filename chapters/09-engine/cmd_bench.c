@@ -91,6 +91,7 @@ typedef struct {
     int threads;              // CPU threads the runner uses
     long long prompt_tokens, output_tokens, steps, preemptions;
     double load_s, generate_s;
+    size_t weight_bytes, kv_cache_bytes, scratch_bytes;  // what the runner placed on its device
 } bench_t;
 
 static double now_s(void) {
@@ -214,6 +215,9 @@ static int run(bench_t *b) {
         b->steps = e->num_steps;
         b->preemptions = e->num_preemptions;
         b->ec = e->cfg;  // what the engine resolved
+        b->weight_bytes = e->runner->weight_bytes;
+        b->kv_cache_bytes = e->runner->kv_cache_bytes;
+        b->scratch_bytes = e->runner->scratch_bytes;
     }
     engine_outputs_free(outs, rc ? 0 : n);
     free(outs);
@@ -260,6 +264,8 @@ static void print_table(const bench_t *b) {
            "%lld preemptions\n",
            "engine", c->max_model_len, c->max_num_seqs, c->max_num_batched_tokens, c->num_blocks, c->block_size,
            b->steps, b->preemptions);
+    printf("  %-16s weights %zu, KV cache %zu, scratch %zu\n", "bytes", b->weight_bytes, b->kv_cache_bytes,
+           b->scratch_bytes);
 }
 
 // The command line as a shell would take it back: words with anything but
@@ -308,6 +314,7 @@ static cJSON *config_json(const qwen3_config_t *m, const engine_config_t *c) {
     cJSON_AddNumberToObject(o, "max_num_batched_tokens", c->max_num_batched_tokens);
     cJSON_AddNumberToObject(o, "block_size", c->block_size);
     cJSON_AddNumberToObject(o, "num_blocks", c->num_blocks);
+    cJSON_AddNumberToObject(o, "gpu_memory_utilization", c->gpu_memory_utilization);
     cJSON_AddBoolToObject(o, "enable_prefix_caching", c->enable_prefix_caching);
     return o;
 }
@@ -346,6 +353,9 @@ static int write_json(const bench_t *b, const char *path, int argc, char **argv)
     cJSON_AddBoolToObject(o, "ignore_eos", 1);
     cJSON_AddNumberToObject(o, "steps", (double)b->steps);
     cJSON_AddNumberToObject(o, "preemptions", (double)b->preemptions);
+    cJSON_AddNumberToObject(o, "weight_bytes", (double)b->weight_bytes);
+    cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)b->kv_cache_bytes);
+    cJSON_AddNumberToObject(o, "scratch_bytes", (double)b->scratch_bytes);
     cJSON_AddItemToObject(o, "config", config_json(&b->model, &b->ec));
     char *s = cJSON_Print(o);
     cJSON_Delete(o);

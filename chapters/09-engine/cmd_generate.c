@@ -67,8 +67,8 @@ static const char GENERATE_USAGE[] =
     "--logits-out FILE.npy: each request's first-step logits, float32 [requests, vocab] (numpy .npy).\n"
     "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
     "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
-    "--device: cpu is the only backend built yet, and the default (cuda will become the\n"
-    "default when it exists and a GPU is present).";
+    "--device: cuda (bf16 on the GPU, sampling there too) when a CUDA GPU is present, else cpu\n"
+    "(fp32 activations); --device cuda without a GPU is an error.";
 
 typedef struct {
     tok_ids_t prompt;

@@ -42,6 +42,9 @@ int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m) {
     if (c->max_model_len < 0 || c->max_num_seqs < 0 || c->max_num_batched_tokens < 0 || c->block_size < 0 ||
         c->num_blocks < 0 || c->kv_cache_bytes < 0 || c->num_threads < 0)
         return mv_error("engine: sizes must be >= 0 (0 = the default)");
+    if (c->gpu_memory_utilization == 0) c->gpu_memory_utilization = 0.9f;
+    if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1))
+        return mv_error("engine: gpu_memory_utilization %g must be in (0, 1]", c->gpu_memory_utilization);
     if (c->max_model_len == 0) c->max_model_len = m->max_position_embeddings < 4096 ? m->max_position_embeddings : 4096;
     if (c->max_model_len > m->max_position_embeddings)
         return mv_error("engine: max_model_len %d is longer than the model's max_position_embeddings %d",
@@ -56,6 +59,9 @@ int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m) {
         if (c->max_num_batched_tokens < c->max_num_seqs) c->max_num_batched_tokens = c->max_num_seqs;
     }
     if (c->block_size == 0) c->block_size = 16;
+    // cuda without a KV budget: the runner sizes the cache from the GPU's
+    // free memory once the weights are placed (num_blocks stays 0 until then).
+    if (c->device == RUNNER_DEVICE_CUDA && c->kv_cache_bytes == 0) return 0;
     if (c->kv_cache_bytes == 0) c->kv_cache_bytes = 2LL << 30;
     const int per_seq = (c->max_model_len + c->block_size - 1) / c->block_size;
     if (c->num_blocks == 0) {
@@ -106,9 +112,17 @@ int engine_create(const engine_config_t *cfg, engine_t **out) {
         goto fail;
     if (load_tokenizer(e)) goto fail;
     const engine_config_t *c = &e->cfg;
-    runner_config_t rc = {c->device, c->max_num_batched_tokens, c->max_num_seqs, c->max_model_len,
-                          c->block_size, c->num_blocks, c->num_threads};
+    runner_config_t rc = {c->device,     c->max_num_batched_tokens, c->max_num_seqs,          c->max_model_len,
+                          c->block_size, c->num_blocks,             c->num_threads, c->gpu_memory_utilization};
     if (model_runner_create(&e->model, e->weights, &rc, &e->runner)) goto fail;
+    // The cuda runner may have sized the cache itself.
+    e->cfg.num_blocks = e->runner->rc.num_blocks;
+    if (cfg->progress)
+        fprintf(stderr, "minivllm: %s backend: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens), "
+                        "scratch %.1f MiB\n",
+                e->runner->backend->name, (double)e->runner->weight_bytes / (1 << 20),
+                (double)e->runner->kv_cache_bytes / (1 << 20), e->cfg.num_blocks, c->block_size,
+                (double)e->runner->scratch_bytes / (1 << 20));
     // The runner converted the weights into its own buffers. A mapped file
     // costs nothing to keep, but random weights are a second copy in memory.
     if (cfg->random_weights) {
@@ -145,6 +159,11 @@ typedef struct {
     sampler_t sampler;
     float *logits;     // [max_num_seqs, vocab]
     int32_t *sampled;  // [max_num_seqs]
+    // the sampled rows' parameters, for a runner that samples on its device
+    float *temperature, *top_p;  // [max_num_seqs]
+    int32_t *top_k;              // [max_num_seqs]
+    uint64_t *seed;              // [max_num_seqs]
+    int64_t *gen_index;          // [max_num_seqs]
     uint64_t *rng;     // [n] one splitmix64 state per request
     int64_t first_id;  // the scheduler id of request 0 (ids are consecutive)
 } run_t;
@@ -186,17 +205,53 @@ static int collect_finished(run_t *run, int n, engine_output_t *outputs) {
     return 0;
 }
 
+// One step on a runner that samples on its device: the sampled rows'
+// parameters go with the step, ids come back (and the logits when on_logits
+// wants them). The key of a row's draw is (request seed, tokens generated).
+static int step_on_device(engine_t *e, run_t *run, const engine_request_t *reqs, const sched_step_t *st,
+                          engine_logits_fn on_logits, void *ctx) {
+    const int V = e->model.vocab_size;
+    for (int k = 0; k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        const int i = (int)(q->id - run->first_id);
+        const sampling_params_t *p = &reqs[i].params;
+        if (sampler_validate_params(p)) {
+            e->failed_request = i;
+            return error_prefixed("request %lld: ", i);
+        }
+        run->temperature[k] = p->temperature;
+        run->top_k[k] = p->top_k;
+        run->top_p[k] = p->top_p;
+        run->seed[k] = reqs[i].seed;
+        run->gen_index[k] = sequence_num_generated(q);
+    }
+    runner_step_t in = runner_step_from(st);
+    runner_sampling_t sp = {run->temperature, run->top_k, run->top_p, run->seed, run->gen_index};
+    if (model_runner_step_sample(e->runner, &in, &sp, run->sampled, on_logits ? run->logits : NULL))
+        return error_prefixed("step %lld: ", e->num_steps);
+    for (int k = 0; on_logits && k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        on_logits(ctx, (int)(q->id - run->first_id), sequence_num_generated(q), run->logits + (size_t)k * V, V);
+    }
+    return 0;
+}
+
 static int run_steps(engine_t *e, run_t *run, const engine_request_t *reqs, int n, engine_output_t *outputs,
                      engine_logits_fn on_logits, void *ctx) {
     const int V = e->model.vocab_size;
+    const int on_device = model_runner_samples_on_device(e->runner);
     int done = 0;
     while (scheduler_num_unfinished(&run->sched) > 0) {
         const sched_step_t *st;
         if (scheduler_schedule(&run->sched, &st)) return -1;
         if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
         runner_step_t in = runner_step_from(st);
-        if (model_runner_step(e->runner, &in, run->logits)) return error_prefixed("step %lld: ", e->num_steps);
-        for (int k = 0; k < st->num_sample; k++) {
+        if (on_device) {
+            if (step_on_device(e, run, reqs, st, on_logits, ctx)) return -1;
+        } else if (model_runner_step(e->runner, &in, run->logits)) {
+            return error_prefixed("step %lld: ", e->num_steps);
+        }
+        for (int k = 0; !on_device && k < st->num_sample; k++) {
             const sequence_t *q = st->seqs[st->sample_rows[k]];
             const int i = (int)(q->id - run->first_id);
             const float *row = run->logits + (size_t)k * V;
@@ -232,9 +287,17 @@ int engine_generate(engine_t *e, const engine_request_t *reqs, int n, engine_out
     if (rc) return -1;
     rc = sampler_init(&run.sampler, e->model.vocab_size);
     run.logits = malloc((size_t)e->cfg.max_num_seqs * (size_t)e->model.vocab_size * sizeof(float));
-    run.sampled = malloc((size_t)e->cfg.max_num_seqs * sizeof(int32_t));
+    const size_t Sm = (size_t)e->cfg.max_num_seqs;
+    run.sampled = malloc(Sm * sizeof(int32_t));
+    run.temperature = malloc(Sm * sizeof(float));
+    run.top_p = malloc(Sm * sizeof(float));
+    run.top_k = malloc(Sm * sizeof(int32_t));
+    run.seed = malloc(Sm * sizeof(uint64_t));
+    run.gen_index = malloc(Sm * sizeof(int64_t));
     run.rng = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
-    if (!rc && (!run.logits || !run.sampled || !run.rng)) rc = mv_error("engine: out of memory");
+    if (!rc && (!run.logits || !run.sampled || !run.rng || !run.temperature || !run.top_p || !run.top_k ||
+                !run.seed || !run.gen_index))
+        rc = mv_error("engine: out of memory");
     if (!rc) rc = add_all(e, &run, reqs, n);
     if (!rc) rc = run_steps(e, &run, reqs, n, outputs, on_logits, ctx);
     for (int i = 0; !rc && i < n; i++) {
@@ -248,6 +311,7 @@ int engine_generate(engine_t *e, const engine_request_t *reqs, int n, engine_out
     sampler_free(&run.sampler);
     free(run.logits);
     free(run.sampled);
+    free(run.temperature), free(run.top_p), free(run.top_k), free(run.seed), free(run.gen_index);
     free(run.rng);
     e->elapsed_s = now_s() - t0;
     return rc;

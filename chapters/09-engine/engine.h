@@ -48,8 +48,11 @@ typedef struct {
     int max_num_seqs;            // 0 = 16 (or max_num_batched_tokens when that is smaller)
     int max_num_batched_tokens;  // 0 = max(max_model_len, 512) capped at 8192, and >= max_num_seqs
     int block_size;              // 0 = 16
-    int num_blocks;              // 0 = enough for max_num_seqs full sequences, within kv_cache_bytes
-    long long kv_cache_bytes;    // 0 = 2 GiB: the KV budget when num_blocks is 0
+    int num_blocks;              // 0 = cpu: enough for max_num_seqs full sequences, within kv_cache_bytes;
+                                 //     cuda: what gpu_memory_utilization leaves (the runner sizes it)
+    long long kv_cache_bytes;    // cpu: 0 = 2 GiB, the KV budget when num_blocks is 0;
+                                 // cuda: 0 = size from gpu_memory_utilization, else this budget
+    float gpu_memory_utilization;  // cuda: share of the GPU's memory for weights + scratch + KV, 0 = 0.9
     int enable_prefix_caching;
     int num_threads;             // 0 = one per online CPU
     int progress;                // 1: a progress line on stderr
@@ -82,7 +85,7 @@ typedef struct engine {
     qwen3_config_t model;
     st_model_t *weights;         // the mapped checkpoint; NULL with random_weights once the runner has its copy
     tokenizer_t *tokenizer;      // NULL when the directory has none
-    model_runner_t *runner;
+    model_runner_t *runner;      // its weight_bytes, kv_cache_bytes, scratch_bytes: what it placed
     scheduler_config_t sched_cfg;
     // statistics of the last engine_generate
     long long num_steps, num_prompt_tokens, num_generated_tokens, num_cached_tokens, num_preemptions;
@@ -92,6 +95,8 @@ typedef struct engine {
 
 // Optional hook: called with each sampled row's logits [vocab] before sampling.
 // gen_index = how many tokens that request had generated before this one.
+// The cuda backend samples on the GPU either way (the same tokens with or
+// without the hook); with the hook it also copies the logits to the host.
 typedef void (*engine_logits_fn)(void *ctx, int request, int gen_index, const float *logits, int vocab);
 
 int engine_create(const engine_config_t *cfg, engine_t **out);

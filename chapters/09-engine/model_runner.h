@@ -26,11 +26,14 @@
  *   - every buffer is sized once, at creation, for the worst step
  *     (max_num_batched_tokens tokens, max_num_seqs rows): a step allocates
  *     nothing.
- *   - logits come back on the host, [num_sample, vocab] fp32: the host
- *     sampler reads them (the GPU sampler will come with the CUDA backend).
+ *   - logits come back on the host, [num_sample, vocab] fp32, for the host
+ *     sampler; a backend that samples on its device (cuda) also offers
+ *     step_sample, which returns only the sampled ids (4 bytes a row
+ *     instead of 4 * vocab) and the logits only when asked for.
  *
  * Library code: 0 / -1 with mv_error(), never exits.
- * Tested by tests/test_engine_cpu.c against Hugging Face's greedy outputs.
+ * Tested by tests/test_engine_cpu.c against Hugging Face's greedy outputs;
+ * the cuda backend (model_runner_cuda.c) by build/engine_check on a GPU.
  */
 #ifndef MV_MODEL_RUNNER_H
 #define MV_MODEL_RUNNER_H
@@ -40,6 +43,7 @@
 
 #include "chapters/09-engine/model_config.h"
 #include "chapters/09-engine/safetensors.h"
+#include "reference/rope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -54,8 +58,11 @@ typedef struct {
     int max_num_seqs;            // most rows (sequences) in one step
     int max_model_len;           // longest sequence (prompt + generated); RoPE cache rows
     int block_size;              // tokens per KV block
-    int num_blocks;              // KV blocks per layer (each holds K and V of block_size tokens)
+    int num_blocks;              // KV blocks per layer (each holds K and V of block_size tokens);
+                                 // cuda: 0 = as many as gpu_memory_utilization leaves room for
     int num_threads;             // CPU threads for linear/attention; 0 = one per online CPU
+    float gpu_memory_utilization;  // cuda: the share of the GPU's memory this engine may fill
+                                   // (weights + scratch + KV cache), in (0, 1]; 0 = 0.9
 } runner_config_t;
 
 // One step's inputs: the scheduler's sched_step_t, minus what only the
@@ -74,6 +81,20 @@ typedef struct {
     const int32_t *sample_token_index;  // [num_sample] increasing token index of each sampled row's last token
 } runner_step_t;
 
+// Sampling parameters of the step's sampled rows, for a backend that samples
+// on its device. Host arrays of [num_sample], in the order of
+// sample_token_index; checked on the host by model_runner_step_sample.
+// A row's random draw depends only on (seed, gen_index): counter-based, so
+// the same request gives the same tokens whatever it was batched with,
+// and a preempted request that is recomputed draws the same numbers again.
+typedef struct {
+    const float *temperature;    // [num_sample] 0 = greedy
+    const int32_t *top_k;        // [num_sample] 0 = off
+    const float *top_p;          // [num_sample] (0, 1], 1 = off
+    const uint64_t *seed;        // [num_sample] the request's seed
+    const int64_t *gen_index;    // [num_sample] tokens the request had generated before this one
+} runner_sampling_t;
+
 typedef struct model_runner model_runner_t;
 
 // What a backend implements. `state` is the backend's own struct.
@@ -84,6 +105,12 @@ typedef struct {
     // One forward pass; logits [num_sample, vocab] fp32 on the host.
     int (*step)(model_runner_t *r, const runner_step_t *in, float *logits);
     void (*destroy)(model_runner_t *r);
+    // Optional (NULL: the engine samples on the host from step's logits).
+    // One forward pass and sampling on the device: sampled [num_sample]
+    // ids on the host; logits [num_sample, vocab] fp32 also copied to the
+    // host when not NULL (the engine's on_logits hook wants them).
+    int (*step_sample)(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                       int32_t *sampled, float *logits);
 } runner_backend_t;
 
 struct model_runner {
@@ -96,9 +123,25 @@ struct model_runner {
 
 // The CPU backend (model_runner.c).
 extern const runner_backend_t RUNNER_BACKEND_CPU;
+#if MV_HAVE_CUDA
+// The CUDA backend (model_runner_cuda.c), in builds with CUDA only.
+extern const runner_backend_t RUNNER_BACKEND_CUDA;
+#endif
+
+// 1 when `device` can run here; else 0 with the reason in why[cap] (cuda:
+// a build without CUDA, no GPU visible, a driver that does not load).
+int model_runner_device_available(runner_device_t device, char *why, size_t cap);
+// The device a command uses when none is asked for: cuda when a CUDA GPU is
+// visible in a build with CUDA, else cpu.
+runner_device_t model_runner_default_device(void);
+const char *model_runner_device_name(runner_device_t device);
+
+// The fp32 cos/sin cache [max_model_len, head_dim] for cfg's RoPE (theta,
+// llama3 scaling): built on the host by both backends (cuda uploads it).
+int model_runner_build_rope(rope_cache_t *rope, const qwen3_config_t *cfg, int max_model_len);
 
 // Bytes of K and V cache one block takes on `device` over all layers
-// (the CPU backend keeps fp32 caches; the CUDA one will keep bf16).
+// (the CPU backend keeps fp32 caches; the CUDA one keeps bf16).
 size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runner_device_t device);
 
 // Build a runner for the checkpoint `weights` with config `cfg`.
@@ -111,6 +154,15 @@ void model_runner_free(model_runner_t *r);
 // positions, slots, the batch description), then run it.
 // logits: [in->num_sample, cfg.vocab_size] fp32.
 int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits);
+
+// 1 when the backend samples on its device (step_sample), else 0.
+int model_runner_samples_on_device(const model_runner_t *r);
+// The checks of model_runner_step plus the sampling parameters', then one
+// step with sampling on the device. sampled: [num_sample]; a row whose
+// logits have no finite value fails the step naming the row.
+// logits: NULL, or [num_sample, vocab] fp32 to be filled as well.
+int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                             int32_t *sampled, float *logits);
 
 #ifdef __cplusplus
 }

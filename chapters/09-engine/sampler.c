@@ -46,11 +46,16 @@ static int by_logit_desc(const void *a, const void *b) {
     return (i > j) - (i < j);
 }
 
-int sampler_sample(sampler_t *s, const float *logits, const sampling_params_t *p, uint64_t *rng, int32_t *out) {
-    const int V = s->vocab;
-    if (!(p->temperature >= 0) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1))
+int sampler_validate_params(const sampling_params_t *p) {
+    if (!(p->temperature >= 0) || !isfinite(p->temperature) || p->top_k < 0 || !(p->top_p > 0 && p->top_p <= 1))
         return mv_error("sampler: temperature %g must be >= 0, top_k %d >= 0, top_p %g in (0, 1]", p->temperature,
                         p->top_k, p->top_p);
+    return 0;
+}
+
+int sampler_sample(sampler_t *s, const float *logits, const sampling_params_t *p, uint64_t *rng, int32_t *out) {
+    const int V = s->vocab;
+    if (sampler_validate_params(p)) return -1;
     int32_t best = sampler_argmax(logits, V);
     if (best < 0 || !isfinite(logits[best])) return mv_error("sampler: the logits have no finite value");
     if (p->temperature == 0) {

@@ -20,8 +20,9 @@
  * the request happened to run in, so the same seed gives the same tokens
  * whatever else was running (as vLLM's per-request generators do).
  *
- * The CUDA backend will sample on the GPU; this host sampler stays as its
- * reference. Library code: 0 / -1 with mv_error(). Tests: tests/test_engine_cpu.c.
+ * The CUDA backend samples on the GPU (kernels/sampling.h) with the same
+ * rules and its own counter-based generator (Philox keyed by the seed and
+ * the token's index); this host sampler is its reference. Library code: 0 / -1 with mv_error(). Tests: tests/test_engine_cpu.c.
  */
 #ifndef MV_SAMPLER_H
 #define MV_SAMPLER_H
@@ -60,6 +61,10 @@ void sampler_free(sampler_t *s);
 
 // The argmax of logits[vocab], lowest id on ties (NaN never wins).
 int32_t sampler_argmax(const float *logits, int vocab);
+
+// 0 when temperature >= 0, top_k >= 0 and top_p in (0, 1]; else -1 with
+// mv_error() naming the bad value.
+int sampler_validate_params(const sampling_params_t *p);
 
 // Sample one id from logits[vocab] with p's temperature/top_k/top_p;
 // greedy (and no draw from *rng) when temperature is 0.

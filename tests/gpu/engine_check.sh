@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# tests/gpu/engine_check.sh - the engine's cuda backend on the GPU machine.
+#
+# One call of the lab's `device` tool runs this on an H200 machine:
+#   bash tests/gpu/engine_check.sh
+# It unpacks the Debian packages carried in .deps/ (the GPU machine has no
+# package registry) into /opt/deps, builds for sm_90, then:
+#   1. build/engine_check (--device cuda): the tiny transformers checkpoints
+#      alone / batched / prefix-cached / chunked / preempted / memory-sized,
+#      first-step logits, and the GPU sampler against the host's. One line
+#      per case: PASS, NEAR-TIE (a bf16 flip at an HF near tie, listed),
+#      SKIP (head_dim the attention kernels do not take), FAIL.
+#   2. minivllm generate --device cuda and --device cpu on the demo prompts
+#      of tiny-qwen3-mha, the outputs side by side.
+#   3. compute-sanitizer memcheck over one generate run (every kernel of the
+#      step, prefill and decode, and the sampler).
+# Leaves under $OUT: engine_check.txt, generate.{cuda,cpu}.jsonl,
+# sanitizer.txt, env.txt, run.log. Exit 1 if any part failed.
+set -uo pipefail
+OUT=${OUT:-/tmp/mv-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+
+mkdir -p /opt/deps
+for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvcc --version | tail -2
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 || { echo "BUILD FAILED"; exit 1; }
+status=0
+
+echo "=================== build/engine_check --device cuda"
+CUDA_VISIBLE_DEVICES=0 ./build/engine_check --device cuda | tee "$OUT/engine_check.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "=================== minivllm generate, tiny-qwen3-mha, cuda vs cpu"
+model=tests/data/tiny-qwen3-mha
+for dev in cuda cpu; do
+  CUDA_VISIBLE_DEVICES=0 ./build/minivllm generate --model $model --device $dev \
+    --input chapters/09-engine/demo.jsonl --output "$OUT/generate.$dev.jsonl" --max-num-seqs 8 || status=1
+done
+paste -d'\n' "$OUT/generate.cuda.jsonl" "$OUT/generate.cpu.jsonl" | sed 's/^/  /'
+
+echo "=================== compute-sanitizer memcheck: generate --device cuda"
+CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 99 ./build/minivllm generate \
+  --model $model --device cuda --input chapters/09-engine/demo.jsonl --output /dev/null \
+  --max-num-seqs 8 --gpu-memory-utilization 0.05 > "$OUT/sanitizer.log" 2>&1
+rc=$?
+echo "generate memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)" | tee "$OUT/sanitizer.txt"
+[ $rc -ne 0 ] && { grep -E "Invalid|Error|error" "$OUT/sanitizer.log" | sort | uniq -c | sort -rn | head -12; status=1; }
+
+echo "=================== engine_check.sh: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status
