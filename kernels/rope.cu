@@ -216,6 +216,207 @@ rope_kernel_v2(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const i
     }
 }
 
+// ---- version 3: fast, several tokens per thread, cos/sin staged in shared memory ----
+// Thread (lane, y, z) of a block: head h = blockIdx.y * blockDim.y + y (q
+// heads first, then k heads; blockDim.y divides H + Hkv, so every thread has
+// a head), vector pairs j = lane + c * LANES (c < CACHE) of it, and TOK
+// tokens t = t0 + r * blockDim.z + z (r < TOK), t0 = blockIdx.x * TOK *
+// blockDim.z. The head, and so the q-or-k choice, its pointer and its row
+// stride, is fixed per thread: the hot path has no division and no select.
+//
+// Why this shape (v2 held 4 heads of one token: 112 registers, 126 fused,
+// at most 16 warps per SM, 65% of copy):
+//  - TOK tokens of ONE head per thread (4 for Qwen3): the same 8 data loads
+//    of 16 bytes in flight per thread as v2, but a thread keeps one head's
+//    base pointer and, fused, one weight slice (loaded once, used 4 times).
+//  - The cos/sin rows of the block's tokens are loaded once per block into
+//    shared memory (2 KB for 4 tokens of D = 128) by all its threads
+//    together, and read from there per token: so no thread holds cos/sin
+//    for more than the token it is working on, and the registers that v2
+//    spent on them are free (see rope_v3_max_threads for the count).
+//  - The data stay packed two bf16 to a register until used (bf16_pack).
+//  - Blocks of LANES x heads x TZ threads: Qwen3's 24 heads x 8 lanes are
+//    192 threads, 6 full warps (v2: 240, a partial warp per block); for
+//    other head counts the launcher picks TZ tokens side by side so the
+//    block is still a whole number of warps where it can.
+// One __syncthreads() (after the cos/sin rows are in shared memory): no
+// thread returns before it, out-of-range tokens are skipped by guards.
+// bf16 kept packed, two to a 32-bit word, as loaded: v2's bf16_vec holds
+// each bf16 as its own 16-bit value, which the compiler spreads over one
+// register each and unpacks early (part of v2's 112 registers). Here a
+// value is taken out of its word only when it is used: the low bf16 of a
+// word is the word shifted up 16 bits, the high one the word with its low
+// 16 bits cleared (a bf16 is the top half of an fp32), and two results go
+// back into one word with one conversion (cvt.rn.bf16x2.f32: round to
+// nearest even, as __float2bfloat16).
+template <int VEC>
+struct alignas(2 * VEC) bf16_pack {
+    uint32_t w[VEC / 2];
+};
+template <>
+struct alignas(2) bf16_pack<1> {  // the scalar fallback: one bf16
+    uint16_t h;
+};
+
+template <int VEC>
+__device__ __forceinline__ float pack_get(const bf16_pack<VEC> &p, int e) {
+    if constexpr (VEC == 1) return __uint_as_float((uint32_t)p.h << 16);
+    else return (e & 1) ? __uint_as_float(p.w[e / 2] & 0xffff0000u) : __uint_as_float(p.w[e / 2] << 16);
+}
+
+template <int VEC>
+__device__ __forceinline__ bf16_pack<VEC> pack_from(const float (&f)[VEC]) {
+    bf16_pack<VEC> p;
+    if constexpr (VEC == 1) {
+        p.h = __bfloat16_as_ushort(__float2bfloat16(f[0]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC / 2; i++) {
+            const __nv_bfloat162 two = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);  // .x = low half
+            p.w[i] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
+        }
+    }
+    return p;
+}
+
+extern __shared__ __align__(32) float rope_smem[];
+
+// Register budget: 65536 per SM. The plain kernel fits 64 registers (4
+// tokens held: 32 for the data, the rest addresses and one token's cos/sin
+// and results), so blocks of up to 1024 threads; 192-thread blocks then
+// fit 5 per SM, 30 warps. The fused one also holds its weight slice and
+// needs 72 (at 64 the compiler spilled 24 bytes): blocks of up to 768
+// threads, 4 per SM at 192, 24 warps. Either way 96 to 120 KB of loads in
+// flight per SM (v2: 60 KB in 2 blocks).
+template <bool NORM>
+constexpr int rope_v3_max_threads() {
+    return NORM ? 768 : 1024;
+}  // [TZ * TOK, D] fp32: cos row then sin row per token
+
+template <int VEC, int LANES, int CACHE, int TOK, bool NORM>
+__global__ void __launch_bounds__(rope_v3_max_threads<NORM>())
+rope_kernel_v3(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions,
+               const float *cos_sin, const bf16 *q_w, const bf16 *k_w, int T, int H, int D, int max_pos,
+               float eps) {
+    using vec_t = bf16_pack<VEC>;
+    using fvec_t = f32_vec<VEC>;
+    constexpr int CV = VEC < 4 ? VEC : 4;  // floats per cos/sin copy (16 bytes at most)
+    using cvec_t = f32_vec<CV>;
+    const int lane = threadIdx.x;
+    const int h = blockIdx.y * blockDim.y + threadIdx.y;
+    const int TZ = blockDim.z;
+    const long long t0 = (long long)blockIdx.x * TOK * TZ;
+    const int half = D / 2, nvec = half / VEC;
+
+    // The LANES threads of a head are consecutive in the block's thread
+    // order and start at a multiple of LANES (a power of two <= 32), so they
+    // sit in one warp; the shuffle mask names exactly them.
+    const int tid = threadIdx.x + LANES * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned mask = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((tid % 32) - lane));
+
+    const bool is_q = h < H;
+    bf16 *head = is_q ? q + (long long)h * D : k + (long long)(h - H) * D;
+    const long long stride = is_q ? q_stride : k_stride;
+
+    // 1. Every data load of the thread (TOK tokens x CACHE pairs) goes out first.
+    vec_t x1[TOK][CACHE], x2[TOK][CACHE];
+#pragma unroll
+    for (int r = 0; r < TOK; r++) {
+        const long long t = t0 + (long long)r * TZ + threadIdx.z;
+        if (t < T) {
+            const vec_t *first = reinterpret_cast<const vec_t *>(head + t * stride);
+            const vec_t *second = reinterpret_cast<const vec_t *>(head + t * stride + half);
+#pragma unroll
+            for (int c = 0; c < CACHE; c++) {
+                const int j = lane + c * LANES;
+                if (j < nvec) {
+                    x1[r][c] = first[j];
+                    x2[r][c] = second[j];
+                }
+            }
+        }
+    }
+
+    // 2. The block's TZ * TOK cos/sin rows into shared memory, all threads
+    // together, CV floats (16 bytes) at a time: Qwen3's 4 rows of 128 fp32
+    // are 128 copies for 192 threads, one each. (A division per copy, not
+    // per element: for Qwen3 once per thread.)
+    {
+        const int nthreads = LANES * blockDim.y * TZ, units = D / CV, rows = TOK * TZ;
+        for (int i = tid; i < rows * units; i += nthreads) {
+            const int s = i / units, u = i - s * units;
+            if (t0 + s < T) {
+                const int pos = positions[t0 + s];
+                check_position(pos, max_pos);
+                reinterpret_cast<cvec_t *>(rope_smem + s * D)[u] =
+                    reinterpret_cast<const cvec_t *>(cos_sin + (long long)pos * D)[u];
+            }
+        }
+    }
+    __syncthreads();
+
+    // The norm weights (fused): this head's slice, loaded once for all TOK tokens.
+    vec_t wa[CACHE], wb[CACHE];
+    if constexpr (NORM) {
+        const vec_t *w1 = reinterpret_cast<const vec_t *>(is_q ? q_w : k_w);
+        const vec_t *w2 = reinterpret_cast<const vec_t *>((is_q ? q_w : k_w) + half);
+#pragma unroll
+        for (int c = 0; c < CACHE; c++) {
+            const int j = lane + c * LANES;
+            if (j < nvec) {
+                wa[c] = w1[j];
+                wb[c] = w2[j];
+            }
+        }
+    }
+
+    // 3. Per token: (norm,) rotate with the token's cos/sin from shared memory, store.
+#pragma unroll
+    for (int r = 0; r < TOK; r++) {
+        const int s = r * TZ + threadIdx.z;  // the token's row in rope_smem
+        const long long t = t0 + s;
+        if (t >= T) break;  // the same for the whole group
+        vec_t *first = reinterpret_cast<vec_t *>(head + t * stride);
+        vec_t *second = reinterpret_cast<vec_t *>(head + t * stride + half);
+        const fvec_t *cos_v = reinterpret_cast<const fvec_t *>(rope_smem + s * D);
+        const fvec_t *sin_v = reinterpret_cast<const fvec_t *>(rope_smem + s * D + half);
+        float inv_rms = 1.0f;
+        if constexpr (NORM) {
+            float sum_sq = 0.0f;
+#pragma unroll
+            for (int c = 0; c < CACHE; c++)
+                if (lane + c * LANES < nvec)
+#pragma unroll
+                    for (int e = 0; e < VEC; e++) {
+                        const float a = pack_get(x1[r][c], e), b = pack_get(x2[r][c], e);
+                        sum_sq += a * a + b * b;
+                    }
+            inv_rms = group_inv_rms<LANES>(sum_sq, mask, D, eps);  // every lane of the group calls it
+        }
+#pragma unroll
+        for (int c = 0; c < CACHE; c++) {
+            const int j = lane + c * LANES;
+            if (j < nvec) {
+                const fvec_t cs = cos_v[j], sn = sin_v[j];
+                float o1[VEC], o2[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    float a = pack_get(x1[r][c], e), b = pack_get(x2[r][c], e);
+                    if constexpr (NORM) {  // the same order of operations as v1 and v2
+                        a = a * inv_rms * pack_get(wa[c], e);
+                        b = b * inv_rms * pack_get(wb[c], e);
+                    }
+                    const float co = cs.v[e], si = sn.v[e];
+                    o1[e] = a * co - b * si;
+                    o2[e] = b * co + a * si;
+                }
+                first[j] = pack_from<VEC>(o1);
+                second[j] = pack_from<VEC>(o2);
+            }
+        }
+    }
+}
+
 // ---- launchers -----------------------------------------------------------------------
 
 // The widest vector (8, 4, 2 or 1 elements) such that half = D/2 splits into
@@ -292,6 +493,90 @@ static void dispatch_v2(bf16 *q, long long qs, bf16 *k, long long ks, const int3
     }
 }
 
+template <int VEC, int LANES, int CACHE, int TOK, bool NORM>
+static void launch_v3_tok(dim3 grid, dim3 block, bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos,
+                          const float *cs, const bf16 *qw, const bf16 *kw, int T, int H, int D, int max_pos,
+                          float eps, cudaStream_t s) {
+    const size_t smem = sizeof(float) * (size_t)TOK * block.z * (size_t)D;  // <= 8 KB (see launch_v3_shape)
+    rope_kernel_v3<VEC, LANES, CACHE, TOK, NORM><<<grid, block, smem, s>>>(q, qs, k, ks, pos, cs, qw, kw, T, H, D,
+                                                                           max_pos, eps);
+}
+
+template <int VEC, int LANES, int CACHE, bool NORM>
+static int launch_v3_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                           const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                           cudaStream_t s) {
+    // Heads per block: the largest divisor of H + Hkv that keeps LANES x heads
+    // within the kernel's thread limit (all 24 of Qwen3-0.6B's, all 72 of
+    // Qwen3-32B's).
+    constexpr int MAX_THREADS = rope_v3_max_threads<NORM>();
+    const int nheads = H + Hkv;
+    int hpb = nheads < MAX_THREADS / LANES ? nheads : MAX_THREADS / LANES;
+    while (nheads % hpb) hpb--;
+    if (nheads / hpb > 65535)
+        return mv_error("rope v3: %d heads need %d blocks along y (at most 65535)", nheads, nheads / hpb);
+    // Tokens side by side (z) until the block is a whole number of warps:
+    // 24 heads x 8 lanes = 192 threads need none; 5 heads x 4 lanes = 20
+    // take 8 tokens (160 threads). Where that would pass the thread limit the
+    // last warp stays partial, which is correct, only less efficient.
+    int tz = 1;
+    while ((LANES * hpb * tz) % 32 && LANES * hpb * tz * 2 <= MAX_THREADS) tz *= 2;
+    dim3 block(LANES, hpb, tz);
+    // Four tokens per thread when the GPU has enough tokens to fill it that
+    // way; fewer tokens (decode, short prefill) take one each, for more
+    // blocks. (Only heads of one vector pair per lane take four: CACHE > 1
+    // would need more registers.) Shared memory: TOK * tz rows of D fp32;
+    // at most 8 KB, since tz * D <= 4 * 128 (LANES = 8), 2 * 256 (16),
+    // 8 * 64 (4) or 1 * 512 (32) with VEC = 8, less with narrower vectors.
+    if constexpr (CACHE == 1) {
+        if ((long long)T >= 4LL * tz * mv_num_sms()) {
+            dim3 grid((unsigned)((T + 4LL * tz - 1) / (4LL * tz)), (unsigned)(nheads / hpb));
+            launch_v3_tok<VEC, LANES, CACHE, 4, NORM>(grid, block, q, qs, k, ks, pos, cs, qw, kw, T, H, D, max_pos,
+                                                      eps, s);
+            return 0;
+        }
+    }
+    dim3 grid((unsigned)((T + tz - 1) / tz), (unsigned)(nheads / hpb));
+    launch_v3_tok<VEC, LANES, CACHE, 1, NORM>(grid, block, q, qs, k, ks, pos, cs, qw, kw, T, H, D, max_pos, eps, s);
+    return 0;
+}
+
+template <int VEC, bool NORM>
+static int launch_v3(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                     cudaStream_t s) {
+    // LANES as in v2: one vector pair per lane up to 32 vectors per half,
+    // then CACHE pairs for each of 32 lanes.
+    constexpr int MAX_NVEC = ROPE_MAX_HEAD_DIM / 2 / VEC;
+    const int nvec = D / 2 / VEC;
+    if (nvec <= 4) return launch_v3_shape<VEC, 4, 1, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    if (nvec <= 8) return launch_v3_shape<VEC, 8, 1, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    if (nvec <= 16) return launch_v3_shape<VEC, 16, 1, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    if (nvec <= 32) return launch_v3_shape<VEC, 32, 1, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    if constexpr (MAX_NVEC > 32) {
+        if (nvec <= 64) return launch_v3_shape<VEC, 32, 2, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+        if constexpr (MAX_NVEC > 64) {
+            if (nvec <= 128) return launch_v3_shape<VEC, 32, 4, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+            if constexpr (MAX_NVEC > 128)
+                return launch_v3_shape<VEC, 32, 8, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+        }
+    }
+    return mv_error("rope v3: head_dim %d is not supported", D);  // unreachable: rope_validate bounds D
+}
+
+template <bool NORM>
+static int dispatch_v3(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                       const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                       cudaStream_t s) {
+    const void *aw = NORM ? (const void *)qw : (const void *)q, *bw = NORM ? (const void *)kw : (const void *)q;
+    switch (pick_vec(D / 2, qs, ks, q, k, aw, bw, cs)) {
+    case 8: return launch_v3<8, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 4: return launch_v3<4, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 2: return launch_v3<2, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    default: return launch_v3<1, NORM>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    }
+}
+
 static int check_version(const char *who, int version) {
     if (version < 1 || version > ROPE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", who, version, ROPE_NUM_VERSIONS);
@@ -327,6 +612,7 @@ extern "C" const char *rope_version_name(int version) {
     switch (version) {
     case 1: return "v1-naive-thread-per-pair";
     case 2: return "v2-vec16-group-per-head-4-heads";
+    case 3: return "v3-vec16-group-per-head-4-tokens";
     default: return NULL;
     }
 }
@@ -335,6 +621,7 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     switch (version) {
     case 1: return "v1-naive-thread-per-head";
     case 2: return "v2-vec16-group-per-head-4-heads";
+    case 3: return "v3-vec16-group-per-head-4-tokens";
     default: return NULL;
     }
 }
@@ -354,9 +641,12 @@ extern "C" int rope_cuda(int version, bf16_t *d_q, long long q_stride, bf16_t *d
         rope_kernel_v1<<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
             q, q_stride, k, k_stride, d_positions, cache->d_cos_sin, T, num_heads, num_kv_heads, head_dim,
             cache->max_position);
-    } else {
+    } else if (version == 2) {
         dispatch_v2<false>(q, q_stride, k, k_stride, d_positions, cache->d_cos_sin, NULL, NULL, T, num_heads,
                            num_kv_heads, head_dim, cache->max_position, 0.0f, stream);
+    } else if (dispatch_v3<false>(q, q_stride, k, k_stride, d_positions, cache->d_cos_sin, NULL, NULL, T, num_heads,
+                                  num_kv_heads, head_dim, cache->max_position, 0.0f, stream)) {
+        return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }
@@ -379,9 +669,12 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
         const long long n = (long long)T * (num_heads + num_kv_heads);
         qk_norm_rope_kernel_v1<<<(unsigned)((n + 127) / 128), 128, 0, stream>>>(
             q, qw, kw, d_positions, cache->d_cos_sin, T, num_heads, num_kv_heads, head_dim, cache->max_position, eps);
-    } else {
+    } else if (version == 2) {
         dispatch_v2<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                           head_dim, cache->max_position, eps, stream);
+    } else if (dispatch_v3<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+                                 head_dim, cache->max_position, eps, stream)) {
+        return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }

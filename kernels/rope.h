@@ -28,6 +28,13 @@
  *            loads issued before any is used, and the token's cos/sin
  *            loaded once for all HPT heads. The fused kernel reduces the sum
  *            of squares over the group with group_inv_rms (kernels/rmsnorm.cuh).
+ *   3  fast:  the engine's. The same group of LANES threads per head and the
+ *            same pairing, but one head and TOK = 4 tokens per thread (all
+ *            8 loads issued first), the block's cos/sin rows copied once
+ *            into shared memory, bf16 kept packed two to a register, blocks
+ *            of whole warps (8 lanes x 24 heads = 192 threads for Qwen3):
+ *            64 registers (79 fused) instead of 112 (126), so 4-5 blocks
+ *            per SM instead of 2. The fused form uses group_inv_rms too.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H
@@ -42,8 +49,8 @@
 extern "C" {
 #endif
 
-#define ROPE_NUM_VERSIONS 2
-#define ROPE_FAST 2  // the version the engine uses
+#define ROPE_NUM_VERSIONS 3
+#define ROPE_FAST 3  // the version the engine uses
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.
