@@ -9,8 +9,9 @@
  * "one query per sequence", cu_seqlens_q = NULL.
  *
  * Version 1 (naive) is written to be read beside the CPU reference.
- * Version 2 of decode is in attention_decode.cuh, of prefill in
- * attention_flash.cuh: both included here, so one object file holds them all.
+ * Version 2 of decode is in attention_decode.cuh, versions 2 and 3 of
+ * prefill in attention_flash.cuh and attention_flash3.cuh: all included
+ * here, so one object file holds them all.
  */
 #include "kernels/attention.h"
 
@@ -144,6 +145,7 @@ attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const i
 
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_flash.cuh"
+#include "kernels/attention_flash3.cuh"
 
 // ---- launchers -------------------------------------------------------------------------
 
@@ -151,6 +153,7 @@ extern "C" const char *attention_prefill_version_name(int version) {
     switch (version) {
     case 1: return "v1-naive-block-per-row";
     case 2: return "v2-flash-mma-bf16";
+    case 3: return "v3-flash-32-rows-per-warp";
     default: return NULL;
     }
 }
@@ -187,12 +190,12 @@ static int log2_int(int x) {
     return s;
 }
 
-// Version 2 reads 16-byte vectors: 8 bf16 of a row at a time.
+// Versions 2 and up read 16-byte vectors: 8 bf16 of a row at a time.
 static int check_vec16(const char *fn, const void *q, long long q_stride, const void *k, long long k_stride,
                        const void *v, long long v_stride) {
     if (!mv_aligned(q, 16) || !mv_aligned(k, 16) || !mv_aligned(v, 16) || q_stride % 8 || k_stride % 8 ||
         v_stride % 8)
-        return mv_error("%s: version 2 reads 16-byte vectors: q, k and v must be 16-byte aligned and their row "
+        return mv_error("%s: versions 2 and up read 16-byte vectors: q, k and v must be 16-byte aligned and their row "
                         "strides multiples of 8 elements (q_stride %lld, k/v strides %lld, %lld)",
                         fn, q_stride, k_stride, v_stride);
     return 0;
@@ -243,9 +246,11 @@ extern "C" int attention_prefill_cuda(int version, bf16_t *d_out, const bf16_t *
                   scale, stream);
     } else {
         if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
-        if (launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads,
-                         head_dim, scale, stream))
-            return -1;
+        const int rc = version == 2 ? launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                   num_heads, num_kv_heads, head_dim, scale, stream)
+                                    : launch_flash3(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                    num_heads, num_kv_heads, head_dim, scale, stream);
+        if (rc) return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }
@@ -274,9 +279,11 @@ extern "C" int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const b
                   scale, stream);
     } else {
         if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
-        if (launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads,
-                         head_dim, scale, stream))
-            return -1;
+        const int rc = version == 2 ? launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                   num_heads, num_kv_heads, head_dim, scale, stream)
+                                    : launch_flash3(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                    num_heads, num_kv_heads, head_dim, scale, stream);
+        if (rc) return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }

@@ -38,6 +38,13 @@
  *              memory (80 KB at D = 128), causal tiles skipped, the mask only
  *              on diagonal tiles. P is rounded to bf16 before the P V mma.
  *              Needs q, k, v 16-byte aligned with row strides multiples of 8.
+ *   prefill 3  flash, 32 rows per warp (attention_flash3.cuh): version 2
+ *              with 128 queries x 64 keys per tile and 4 warps of two
+ *              16-row m-tiles each, so every K and V fragment read from
+ *              shared memory feeds two mmas (Q read from shared per tile,
+ *              96 KB at D = 128); heaviest causal tiles launched first;
+ *              block table read once per 16 keys; per-warp causal skipping.
+ *              Same alignment needs as version 2.
  *   decode  1  naive: prefill 1 with one query per sequence; never splits.
  *   decode  2  split (attention_decode.cuh): a block of 128 threads per
  *              (sequence, kv head, piece), the whole GQA group at once,
@@ -58,8 +65,8 @@
 extern "C" {
 #endif
 
-#define ATTN_PREFILL_NUM_VERSIONS 2
-#define ATTN_PREFILL_FAST 2  // the version the engine uses
+#define ATTN_PREFILL_NUM_VERSIONS 3
+#define ATTN_PREFILL_FAST 3  // the version the engine uses
 #define ATTN_DECODE_NUM_VERSIONS 2
 #define ATTN_DECODE_FAST 2   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64

@@ -42,7 +42,7 @@
  *      measured copy bandwidth, counting the K and V bytes), 1 x 1024,
  *      1 x 16384 (split against unsplit), 64 x 4096; causal prefill 16 x 1024,
  *      1 x 8192, 64 x 256 in TFLOP/s against the measured GEMM rate. At these
- *      sizes version 2 is checked against version 1 first.
+ *      sizes every flash version (2, 3) is checked against version 1 first.
  *
  * Build and run:  make && ./build/07-attention [--json FILE] [--help]
  * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
@@ -395,7 +395,7 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
              c->num_kv_heads, D, c->block_size, c->num_shared);
     const tolerance_t tf = tol_flash(d.max_abs_v);
     for (int v = 1; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
-        const tolerance_t tol = v == ATTN_PREFILL_FAST ? tf : TOL_GPU;
+        const tolerance_t tol = v >= 2 ? tf : TOL_GPU;  // versions 2 and up: flash, P in bf16
         run_t r = {RUN_PAGED, v, 0, 0, &d};
         check_run(h, case_name, &r, ref, tol, shape, 0);
         r.kind = RUN_VARLEN;
@@ -471,10 +471,10 @@ static void check_gpu_rejections(harness_t *h) {
                      attention_prefill_cuda(1, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 48, 4, 1,
                                             sc, 0),
                      "block_size 48 is not supported");
-    expect_gpu_error(h, "prefill version 3",
-                     attention_prefill_cuda(3, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
+    expect_gpu_error(h, "prefill version 4",
+                     attention_prefill_cuda(4, buf, buf, 2048, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
                                             sc, 0),
-                     "unknown version 3");
+                     "unknown version 4");
     expect_gpu_error(h, "varlen version 0",
                      attention_prefill_varlen_cuda(0, buf, buf, 2048, buf, 1024, buf, 1024, ibuf, ibuf, 1, 1, 16, 8,
                                                    128, sc, 0),
@@ -626,8 +626,8 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_
 // keys: query i sees ctx - n + i + 1 keys.
 static double causal_pairs(int S, int n, int ctx) { return (double)S * ((double)n * (ctx - n) + 0.5 * n * (n + 1.0)); }
 
-// Prefill of S prompts of n tokens (no prefix), Qwen3-0.6B heads: version 2
-// paged and varlen checked against version 1 paged, then timed. FLOPs:
+// Prefill of S prompts of n tokens (no prefix), Qwen3-0.6B heads: every flash
+// version paged and varlen checked against version 1 in the same layout, then timed. FLOPs:
 // Q K^T and P V each 2 * D per (query head, causal pair): 4 * D * H * pairs.
 static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps) {
     const int H = 16, Hkv = 8, D = 128, bs = 16;
@@ -642,16 +642,19 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
     run_t r1 = {RUN_PAGED, 1, 0, 0, &d}, r1_varlen = {RUN_VARLEN, 1, 0, 0, &d};
     float *ref = gpu_reference(&r1), *ref_varlen = gpu_reference(&r1_varlen);
     const tolerance_t tol = tol_vs_v1(1, d.max_abs_v);
-    run_t paged = {RUN_PAGED, ATTN_PREFILL_FAST, 0, 0, &d}, varlen = {RUN_VARLEN, ATTN_PREFILL_FAST, 0, 0, &d};
-    check_run(h, case_name, &paged, ref, tol, shape, 0);
-    check_run(h, case_name, &varlen, ref_varlen, tol, shape, 0);
     char label[64];
     snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(1));
     harness_timing(h, case_name, label, shape, time_run(h, &r1, naive_reps), 0, flops, 0);
-    snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(ATTN_PREFILL_FAST));
-    harness_timing(h, case_name, label, shape, time_run(h, &paged, 50), 0, flops, 0);
-    snprintf(label, sizeof label, "varlen %s", attention_prefill_version_name(ATTN_PREFILL_FAST));
-    harness_timing(h, case_name, label, shape, time_run(h, &varlen, 50), 0, flops, 0);
+    // Every flash version (2 and up), paged and varlen: checked, then timed.
+    for (int v = 2; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
+        run_t paged = {RUN_PAGED, v, 0, 0, &d}, varlen = {RUN_VARLEN, v, 0, 0, &d};
+        check_run(h, case_name, &paged, ref, tol, shape, 0);
+        check_run(h, case_name, &varlen, ref_varlen, tol, shape, 0);
+        snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(v));
+        harness_timing(h, case_name, label, shape, time_run(h, &paged, 50), 0, flops, 0);
+        snprintf(label, sizeof label, "varlen %s", attention_prefill_version_name(v));
+        harness_timing(h, case_name, label, shape, time_run(h, &varlen, 50), 0, flops, 0);
+    }
     free(ref);
     free(ref_varlen);
     dcase_free(&d);
