@@ -417,6 +417,124 @@ rope_kernel_v3(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const i
     }
 }
 
+// ---- version 4: the fused form with 2 tokens per thread and the head size fixed ----
+// Run 10 (H200): v3 plain made 88.8% of copy, v3 fused 75.8% in the QKV
+// rows. The fused thread does about twice the plain one's instructions per
+// token (sum of squares, 3 shuffles, a division and rsqrt, 32 more
+// multiplies, the weights unpacked) with 79 registers: 4 blocks, 24 warps per
+// SM, and each warp's 4 tokens are worked through one after the other once
+// their loads are in. Version 4 changes three things for the fused form
+// (docs/perf-notes.md has the count):
+//  - TOK = 2 tokens per thread: half as long a stretch of arithmetic per
+//    warp once its loads are in, and half the data registers. nvcc 13.0
+//    (sm_90) still takes 64 registers (it keeps a token's 16 unpacked
+//    floats from the sum of squares to the rotation); at 56 it spills 8
+//    bytes, at 40 over 100. So __launch_bounds__(192, 5): 5 blocks of 192
+//    per SM, 30 warps, as the plain form (v3 fused: 4 blocks, 24 warps).
+//  - The head size is a template constant (D = 2 * VEC * LANES: one vector
+//    pair per lane, which is Qwen3's 128 = 2 x 8 x 8): no lane guards, and
+//    group_inv_rms's "/ (float)n" becomes a multiply by 1/128 instead of a
+//    full-precision fp32 division. Other head sizes take version 3's path.
+//  - Both tokens' sums of squares are taken before either reduction, so the
+//    two 3-shuffle reductions are independent and overlap.
+// The plain form is version 3's unchanged (it met its target: its 64
+// registers and 4 tokens per thread are what got it there).
+template <int VEC, int LANES, int TOK>
+__global__ void __launch_bounds__(192, 5)
+qk_norm_rope_kernel_v4(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions,
+                       const float *cos_sin, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos,
+                       float eps) {
+    using vec_t = bf16_pack<VEC>;
+    using fvec_t = f32_vec<VEC>;
+    constexpr int D = 2 * VEC * LANES, HALF = D / 2;
+    constexpr int CV = VEC < 4 ? VEC : 4;  // floats per cos/sin copy (16 bytes at most)
+    using cvec_t = f32_vec<CV>;
+    const int lane = threadIdx.x;
+    const int h = blockIdx.y * blockDim.y + threadIdx.y;
+    const int TZ = blockDim.z;
+    const long long t0 = (long long)blockIdx.x * TOK * TZ;
+
+    const int tid = threadIdx.x + LANES * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned mask = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((tid % 32) - lane));
+
+    const bool is_q = h < H;
+    bf16 *head = is_q ? q + (long long)h * D : k + (long long)(h - H) * D;
+    const long long stride = is_q ? q_stride : k_stride;
+
+    // 1. The data loads of both tokens, then the weights (L1/L2 hits).
+    vec_t x1[TOK], x2[TOK];
+#pragma unroll
+    for (int r = 0; r < TOK; r++) {
+        const long long t = t0 + (long long)r * TZ + threadIdx.z;
+        if (t < T) {
+            x1[r] = reinterpret_cast<const vec_t *>(head + t * stride)[lane];
+            x2[r] = reinterpret_cast<const vec_t *>(head + t * stride + HALF)[lane];
+        }
+    }
+    const bf16 *w = is_q ? q_w : k_w;
+    const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
+    const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
+
+    // 2. The block's TOK * TZ cos/sin rows into shared memory (as version 3).
+    {
+        constexpr int UNITS = D / CV;
+        const int nthreads = LANES * blockDim.y * TZ, rows = TOK * TZ;
+        for (int i = tid; i < rows * UNITS; i += nthreads) {
+            const int s = i / UNITS, u = i - s * UNITS;
+            if (t0 + s < T) {
+                const int pos = positions[t0 + s];
+                check_position(pos, max_pos);
+                reinterpret_cast<cvec_t *>(rope_smem + s * D)[u] =
+                    reinterpret_cast<const cvec_t *>(cos_sin + (long long)pos * D)[u];
+            }
+        }
+    }
+
+    // 3. Both tokens' 1/rms, before the barrier: the sums of squares first,
+    // then the two group reductions side by side. A token past T has no
+    // data; its (unused) sum is of zeros, and all lanes of the group still
+    // take part in the shuffles.
+    float inv_rms[TOK];
+    {
+        float sum_sq[TOK];
+#pragma unroll
+        for (int r = 0; r < TOK; r++) {
+            sum_sq[r] = 0.0f;
+            if (t0 + (long long)r * TZ + threadIdx.z < T)
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    const float a = pack_get(x1[r], e), b = pack_get(x2[r], e);
+                    sum_sq[r] += a * a + b * b;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < TOK; r++) inv_rms[r] = group_inv_rms<LANES>(sum_sq[r], mask, D, eps);
+    }
+    __syncthreads();
+
+    // 4. Per token: norm, rotate with the token's cos/sin from shared memory, store.
+#pragma unroll
+    for (int r = 0; r < TOK; r++) {
+        const int s = r * TZ + threadIdx.z;
+        const long long t = t0 + s;
+        if (t >= T) break;
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(rope_smem + s * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(rope_smem + s * D + HALF)[lane];
+        float o1[VEC], o2[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            // The same order of operations as versions 1 to 3.
+            const float a = pack_get(x1[r], e) * inv_rms[r] * pack_get(wa, e);
+            const float b = pack_get(x2[r], e) * inv_rms[r] * pack_get(wb, e);
+            const float co = cs.v[e], si = sn.v[e];
+            o1[e] = a * co - b * si;
+            o2[e] = b * co + a * si;
+        }
+        reinterpret_cast<vec_t *>(head + t * stride)[lane] = pack_from<VEC>(o1);
+        reinterpret_cast<vec_t *>(head + t * stride + HALF)[lane] = pack_from<VEC>(o2);
+    }
+}
+
 // ---- launchers -----------------------------------------------------------------------
 
 // The widest vector (8, 4, 2 or 1 elements) such that half = D/2 splits into
@@ -577,6 +695,69 @@ static int dispatch_v3(bf16 *q, long long qs, bf16 *k, long long ks, const int32
     }
 }
 
+// Version 4 of the fused form: the head sizes of one vector pair per lane
+// (D = 2 * VEC * LANES) take qk_norm_rope_kernel_v4; any other takes v3.
+// The block is version 3's (LANES x heads x tz, a whole number of warps
+// where it can), within the kernel's 192 threads.
+template <int VEC, int LANES>
+static void launch_v4_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
+                            cudaStream_t s) {
+    constexpr int MAX_THREADS = 192, D = 2 * VEC * LANES;  // the kernel's __launch_bounds__
+    const int nheads = H + Hkv;
+    int hpb = nheads < MAX_THREADS / LANES ? nheads : MAX_THREADS / LANES;
+    while (nheads % hpb) hpb--;
+    int tz = 1;
+    while ((LANES * hpb * tz) % 32 && LANES * hpb * tz * 2 <= MAX_THREADS) tz *= 2;
+    dim3 block(LANES, hpb, tz);
+    // Two tokens per thread when that still gives every SM a block; one otherwise.
+    // Shared memory: TOK * tz rows of D fp32, at most 2 KB (tz * D <= 256).
+    if ((long long)T >= 2LL * tz * mv_num_sms()) {
+        dim3 grid((unsigned)((T + 2LL * tz - 1) / (2LL * tz)), (unsigned)(nheads / hpb));
+        qk_norm_rope_kernel_v4<VEC, LANES, 2><<<grid, block, sizeof(float) * 2 * tz * D, s>>>(
+            q, qs, k, ks, pos, cs, qw, kw, T, H, max_pos, eps);
+    } else {
+        dim3 grid((unsigned)((T + tz - 1) / tz), (unsigned)(nheads / hpb));
+        qk_norm_rope_kernel_v4<VEC, LANES, 1><<<grid, block, sizeof(float) * tz * D, s>>>(
+            q, qs, k, ks, pos, cs, qw, kw, T, H, max_pos, eps);
+    }
+}
+
+template <int VEC>
+static int launch_v4(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                     cudaStream_t s) {
+    // nheads / hpb blocks along y: hpb >= 1, and rope_validate bounds the head count.
+    if (D == 2 * VEC * 8) {
+        launch_v4_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 4) {
+        launch_v4_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 16) {
+        launch_v4_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 32) {
+        launch_v4_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+}
+
+static int dispatch_v4_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                             const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                             cudaStream_t s) {
+    switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
+    case 8: return launch_v4<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 4: return launch_v4<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 2: return launch_v4<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    default: return launch_v4<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    }
+}
+
 static int check_version(const char *who, int version) {
     if (version < 1 || version > ROPE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", who, version, ROPE_NUM_VERSIONS);
@@ -613,6 +794,7 @@ extern "C" const char *rope_version_name(int version) {
     case 1: return "v1-naive-thread-per-pair";
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
+    case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
     default: return NULL;
     }
 }
@@ -622,6 +804,7 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 1: return "v1-naive-thread-per-head";
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
+    case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
     default: return NULL;
     }
 }
@@ -672,7 +855,11 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
     } else if (version == 2) {
         dispatch_v2<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                           head_dim, cache->max_position, eps, stream);
-    } else if (dispatch_v3<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+    } else if (version == 3) {
+        if (dispatch_v3<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+                              head_dim, cache->max_position, eps, stream))
+            return -1;
+    } else if (dispatch_v4_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                                  head_dim, cache->max_position, eps, stream)) {
         return -1;
     }

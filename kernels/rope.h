@@ -49,8 +49,8 @@
 extern "C" {
 #endif
 
-#define ROPE_NUM_VERSIONS 3
-#define ROPE_FAST 3  // the version the engine uses
+#define ROPE_NUM_VERSIONS 4
+#define ROPE_FAST 4  // the version the engine uses
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.
