@@ -28,7 +28,7 @@ fi
 tar xzf "$OUT/all.tgz" -C /tmp 2>/dev/null
 echo "=================== chapters"
 sed -n '/=================== summary/,$p' /tmp/ch/run.log 2>/dev/null | cut -c1-150
-grep -E "FAIL|BUILD FAILED|error" /tmp/ch/run.log 2>/dev/null | grep -v "^ *ok" | head -20
+grep -E "FAIL|BUILD FAILED| error:|rror:" /tmp/ch/run.log 2>/dev/null | head -20
 echo "=================== engine_check"
 grep -vE "^PASS" /tmp/check/run.log 2>/dev/null | tail -40 | cut -c1-200
 echo "=================== engine"
