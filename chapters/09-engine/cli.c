@@ -101,8 +101,9 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
         {"--device", "DEV", "cuda or cpu (default: cuda when a CUDA GPU is present, else cpu)", &a->device, NULL},
         {"--max-model-len", "N", "prompt + generated tokens (default min(max_position_embeddings, 4096))",
          &a->max_model_len, NULL},
-        {"--max-num-seqs", "N", "sequences per step (default 16)", &a->max_num_seqs, NULL},
-        {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks", &a->max_batched, NULL},
+        {"--max-num-seqs", "N", "sequences per step (default: cpu 16, cuda 256)", &a->max_num_seqs, NULL},
+        {"--max-num-batched-tokens", "N", "tokens per step; long prompts prefill in chunks (default: cpu "
+                                          "max(max-model-len, 512) up to 8192, cuda 8192)", &a->max_batched, NULL},
         {"--block-size", "N", "tokens per KV-cache block (default 16)", &a->block_size, NULL},
         {"--num-blocks", "N", "KV-cache blocks (default: all sequences full, within --kv-cache-gib)", &a->num_blocks,
          NULL},

@@ -49,14 +49,35 @@ int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m) {
     if (c->max_model_len > m->max_position_embeddings)
         return mv_error("engine: max_model_len %d is longer than the model's max_position_embeddings %d",
                         c->max_model_len, m->max_position_embeddings);
-    // Default rows: 16, or fewer when a small token budget was asked for
-    // (every row needs at least one token of the budget per step).
-    if (c->max_num_seqs == 0)
-        c->max_num_seqs = c->max_num_batched_tokens > 0 && c->max_num_batched_tokens < 16 ? c->max_num_batched_tokens : 16;
+    // Default rows and token budget, by device (engine.h's table):
+    //   cpu   16 rows, max(max_model_len, 512) tokens capped at 8192: a CPU
+    //         step is slow per token, and 16 rows already fill its cores.
+    //   cuda  256 rows and 8192 tokens, vLLM's defaults: a GPU step costs
+    //         about the same for 16 rows as for 256 (decode is weight-bound),
+    //         so rows are throughput. (nano-vllm uses 512 / 16384.)
+    // A default never exceeds what was given: not more rows than tokens per
+    // step (every row needs one token of the budget), nor than KV blocks
+    // (every running row holds one), and not more tokens than all rows
+    // full could use (rows x max_model_len).
+    const int gpu = c->device == RUNNER_DEVICE_CUDA;
+    if (c->max_num_seqs == 0) {
+        long long r = gpu ? ENGINE_CUDA_MAX_NUM_SEQS : ENGINE_CPU_MAX_NUM_SEQS;
+        if (c->max_num_batched_tokens > 0 && c->max_num_batched_tokens < r) r = c->max_num_batched_tokens;
+        if (c->num_blocks > 0 && c->num_blocks < r) r = c->num_blocks;
+        c->max_num_seqs = (int)r;
+    }
     if (c->max_num_batched_tokens == 0) {
-        int t = c->max_model_len > 512 ? c->max_model_len : 512;
-        c->max_num_batched_tokens = t < 8192 ? t : 8192;
-        if (c->max_num_batched_tokens < c->max_num_seqs) c->max_num_batched_tokens = c->max_num_seqs;
+        long long t;
+        if (gpu) {
+            t = ENGINE_CUDA_MAX_NUM_BATCHED_TOKENS;
+            long long full = (long long)c->max_num_seqs * c->max_model_len;
+            if (full < t) t = full;
+        } else {
+            t = c->max_model_len > 512 ? c->max_model_len : 512;
+            if (t > 8192) t = 8192;
+        }
+        if (t < c->max_num_seqs) t = c->max_num_seqs;
+        c->max_num_batched_tokens = (int)t;
     }
     if (c->block_size == 0) c->block_size = 16;
     // cuda without a KV budget: the runner sizes the cache from the GPU's
@@ -119,10 +140,11 @@ int engine_create(const engine_config_t *cfg, engine_t **out) {
     e->cfg.num_blocks = e->runner->rc.num_blocks;
     if (cfg->progress)
         fprintf(stderr, "minivllm: %s backend: weights %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens), "
-                        "scratch %.1f MiB\n",
+                        "scratch %.1f MiB (steps of up to %d tokens, %d rows: logits [%d, %d])\n",
                 e->runner->backend->name, (double)e->runner->weight_bytes / (1 << 20),
                 (double)e->runner->kv_cache_bytes / (1 << 20), e->cfg.num_blocks, c->block_size,
-                (double)e->runner->scratch_bytes / (1 << 20));
+                (double)e->runner->scratch_bytes / (1 << 20), c->max_num_batched_tokens, c->max_num_seqs,
+                c->max_num_seqs, e->model.vocab_size);
     // The runner converted the weights into its own buffers. A mapped file
     // costs nothing to keep, but random weights are a second copy in memory.
     if (cfg->random_weights) {
@@ -286,8 +308,12 @@ int engine_generate(engine_t *e, const engine_request_t *reqs, int n, engine_out
     int rc = scheduler_init(&run.sched, &e->sched_cfg);
     if (rc) return -1;
     rc = sampler_init(&run.sampler, e->model.vocab_size);
-    run.logits = malloc((size_t)e->cfg.max_num_seqs * (size_t)e->model.vocab_size * sizeof(float));
     const size_t Sm = (size_t)e->cfg.max_num_seqs;
+    // Host logits [max_num_seqs, vocab] fp32 (256 x 151936 x 4 = 156 MB on
+    // cuda's defaults): only when the host reads them, i.e. the host samples
+    // or on_logits wants them. A runner that samples on its device returns ids.
+    const int host_logits = !model_runner_samples_on_device(e->runner) || on_logits;
+    run.logits = host_logits ? malloc(Sm * (size_t)e->model.vocab_size * sizeof(float)) : NULL;
     run.sampled = malloc(Sm * sizeof(int32_t));
     run.temperature = malloc(Sm * sizeof(float));
     run.top_p = malloc(Sm * sizeof(float));
@@ -295,7 +321,7 @@ int engine_generate(engine_t *e, const engine_request_t *reqs, int n, engine_out
     run.seed = malloc(Sm * sizeof(uint64_t));
     run.gen_index = malloc(Sm * sizeof(int64_t));
     run.rng = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
-    if (!rc && (!run.logits || !run.sampled || !run.rng || !run.temperature || !run.top_p || !run.top_k ||
+    if (!rc && ((host_logits && !run.logits) || !run.sampled || !run.rng || !run.temperature || !run.top_p || !run.top_k ||
                 !run.seed || !run.gen_index))
         rc = mv_error("engine: out of memory");
     if (!rc) rc = add_all(e, &run, reqs, n);

@@ -41,12 +41,20 @@
 extern "C" {
 #endif
 
+// The defaults of max_num_seqs / max_num_batched_tokens (engine_config_resolve).
+#define ENGINE_CPU_MAX_NUM_SEQS 16
+#define ENGINE_CUDA_MAX_NUM_SEQS 256
+#define ENGINE_CUDA_MAX_NUM_BATCHED_TOKENS 8192
+
 typedef struct {
     const char *model_dir;
     runner_device_t device;
     int max_model_len;           // 0 = min(max_position_embeddings, 4096)
-    int max_num_seqs;            // 0 = 16 (or max_num_batched_tokens when that is smaller)
-    int max_num_batched_tokens;  // 0 = max(max_model_len, 512) capped at 8192, and >= max_num_seqs
+    int max_num_seqs;            // 0 = cpu 16, cuda 256; at most max_num_batched_tokens and
+                                 //     num_blocks when those are given
+    int max_num_batched_tokens;  // 0 = cpu: max(max_model_len, 512) capped at 8192;
+                                 //     cuda: 8192, at most max_num_seqs x max_model_len;
+                                 //     either way >= max_num_seqs
     int block_size;              // 0 = 16
     int num_blocks;              // 0 = cpu: enough for max_num_seqs full sequences, within kv_cache_bytes;
                                  //     cuda: what gpu_memory_utilization leaves (the runner sizes it)
