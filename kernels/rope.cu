@@ -535,6 +535,160 @@ qk_norm_rope_kernel_v4(bf16 *q, long long q_stride, bf16 *k, long long k_stride,
     }
 }
 
+// ---- version 5: the fused form, persistent and software-pipelined ----------------
+// Run 11 (H200): v4 fused made 76.4% of copy in the QKV rows at T = 32768
+// (125.3 us; 85% is about 112 us), v3's 75.2%: 30 warps per SM instead of
+// 24 did not help. What both share: a thread loads its tokens, then waits,
+// then does the norm's arithmetic (sum of squares, 3 shuffles, rsqrt, the
+// weights), then stores, then its block ends; and the blocks are short-lived
+// (2-4 tokens, one __syncthreads for the cos/sin stage), so every SM pays a
+// block's start and drain every few tokens, during which its share of the
+// loads in flight drops. Version 5 keeps the loads in flight all the time:
+//  - Persistent: a fixed grid of ROPE_V5_BLOCKS_PER_SM blocks per SM (fewer
+//    when T is small). Each thread is bound to ONE (head, lane) for the
+//    kernel's whole life and walks tokens t = t0, t0 + stride, ... with
+//    stride = gridDim.x * blockDim.z; so its norm weights (VEC of each half,
+//    fp32) are loaded once into registers.
+//  - Software-pipelined: the loads of token t + DEPTH * stride (the two
+//    16-byte q/k vectors, the thread's VEC cos and VEC sin from the global
+//    cos/sin row: L1/L2 hits after the first of the token's 24 heads) go out
+//    BEFORE token t's reduction, rotation and stores. The registers form a
+//    ring of DEPTH + 1 slots (fully unrolled, so every slot index is a
+//    constant). A position is loaded one step before the cos/sin load that
+//    needs it, so the two dependent loads are never on the critical path
+//    together.
+//  - No shared memory, no __syncthreads: groups of LANES lanes share a token
+//    and leave the loop together, so group_inv_rms's shuffles stay whole.
+//  - The q/k traffic is streaming (read once, written once): loads and
+//    stores carry the evict-first hint (__ldcs/__stcs), so the cos/sin cache
+//    (21 MB for Qwen3's 40960 positions) has a better chance to stay in L2.
+// Head sizes other than D = 2 * VEC * LANES (one vector pair per lane) take
+// version 3's path, as in version 4.
+// Registers (nvcc 13.0, sm_90, D = 128): DEPTH 0 takes 80, DEPTH 1 115,
+// DEPTH 2 about 150, DEPTH 3 168 (all without spills when unbounded). A
+// register file of 4 x 16384 (one quarter per scheduler) gives 192-thread
+// blocks at 150-168 registers 3 warps per quarter: 2 blocks, 12 warps per
+// SM. With DEPTH = 2 a thread waiting for token t has t, t + step and
+// t + 2 step in flight: 12 warps x 32 lanes x 3 x 32 bytes of q/k = 36 KB
+// of DRAM reads per SM (docs/05-rope.md has the count).
+#ifndef ROPE_V5_DEPTH
+#define ROPE_V5_DEPTH 2  // tokens prefetched ahead of the one being worked on
+#endif
+#ifndef ROPE_V5_BLOCKS_PER_SM
+#define ROPE_V5_BLOCKS_PER_SM 2  // of 192 threads: <= 168 registers each
+#endif
+
+template <int VEC>
+__device__ __forceinline__ bf16_pack<VEC> load_stream(const bf16 *p) {
+    if constexpr (VEC == 8) {
+        const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(p));
+        bf16_pack<8> r;
+        r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
+        return r;
+    } else {
+        return *reinterpret_cast<const bf16_pack<VEC> *>(p);
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_stream(bf16 *p, const bf16_pack<VEC> &v) {
+    if constexpr (VEC == 8) {
+        __stcs(reinterpret_cast<uint4 *>(p), make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]));
+    } else {
+        *reinterpret_cast<bf16_pack<VEC> *>(p) = v;
+    }
+}
+
+template <int VEC, int LANES, int DEPTH>
+__global__ void __launch_bounds__(192, ROPE_V5_BLOCKS_PER_SM)
+qk_norm_rope_kernel_v5(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions,
+                       const float *cos_sin, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos,
+                       float eps) {
+    using vec_t = bf16_pack<VEC>;
+    using fvec_t = f32_vec<VEC>;
+    constexpr int D = 2 * VEC * LANES, HALF = D / 2, SLOTS = DEPTH + 1;
+    const int lane = threadIdx.x;
+    const int h = blockIdx.y * blockDim.y + threadIdx.y;
+    const long long step = (long long)gridDim.x * blockDim.z;  // tokens between a thread's two tokens
+
+    const int tid = threadIdx.x + LANES * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned mask = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((tid % 32) - lane));
+
+    const bool is_q = h < H;
+    bf16 *head = (is_q ? q + (long long)h * D : k + (long long)(h - H) * D) + lane * VEC;
+    const long long stride = is_q ? q_stride : k_stride;
+    const float *cs_base = cos_sin + lane * VEC;
+
+    // The weights of this (head, lane), once for the kernel's life, as fp32.
+    float wa[VEC], wb[VEC];
+    {
+        const bf16 *w = (is_q ? q_w : k_w) + lane * VEC;
+        const vec_t pa = *reinterpret_cast<const vec_t *>(w), pb = *reinterpret_cast<const vec_t *>(w + HALF);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) wa[e] = pack_get(pa, e), wb[e] = pack_get(pb, e);
+    }
+
+    // The ring: slot s holds one token's data and cos/sin.
+    vec_t x1[SLOTS], x2[SLOTS];
+    fvec_t cs[SLOTS], sn[SLOTS];
+    long long t = (long long)blockIdx.x * blockDim.z + threadIdx.z;  // the next token to work on
+    long long tl = t;                                                // the next token to load
+    int pos_next = tl < T ? positions[tl] : 0;                       // its position
+
+// Issue token tl's loads into slot S, and the position of the token after it.
+#define ROPE_V5_ISSUE(S)                                                                        \
+    do {                                                                                        \
+        const int pos = pos_next;                                                               \
+        const long long tn = tl + step;                                                         \
+        if (tn < T) pos_next = positions[tn];                                                   \
+        if (tl < T) {                                                                           \
+            check_position(pos, max_pos);                                                       \
+            x1[S] = load_stream<VEC>(head + tl * stride);                                       \
+            x2[S] = load_stream<VEC>(head + tl * stride + HALF);                                \
+            cs[S] = *reinterpret_cast<const fvec_t *>(cs_base + (long long)pos * D);            \
+            sn[S] = *reinterpret_cast<const fvec_t *>(cs_base + (long long)pos * D + HALF);     \
+        }                                                                                       \
+        tl = tn;                                                                                \
+    } while (0)
+
+    // Prologue: the first DEPTH tokens' loads.
+#pragma unroll
+    for (int s = 0; s < DEPTH; s++) ROPE_V5_ISSUE(s);
+
+#pragma unroll 1
+    for (;;) {
+#pragma unroll
+        for (int s = 0; s < SLOTS; s++) {
+            if (t >= T) return;  // the same for the whole group: its lanes leave together
+            // 1. Token t + DEPTH * step's loads go out first ...
+            ROPE_V5_ISSUE((s + DEPTH) % SLOTS);
+            // 2. ... then token t (slot s): sum of squares, group reduction,
+            // norm, rotation, stores. The same order of operations as
+            // versions 1 to 4.
+            float sum_sq = 0.0f;
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float a = pack_get(x1[s], e), b = pack_get(x2[s], e);
+                sum_sq += a * a + b * b;
+            }
+            const float inv_rms = group_inv_rms<LANES>(sum_sq, mask, D, eps);
+            float o1[VEC], o2[VEC];
+#pragma unroll
+            for (int e = 0; e < VEC; e++) {
+                const float a = pack_get(x1[s], e) * inv_rms * wa[e];
+                const float b = pack_get(x2[s], e) * inv_rms * wb[e];
+                const float co = cs[s].v[e], si = sn[s].v[e];
+                o1[e] = a * co - b * si;
+                o2[e] = b * co + a * si;
+            }
+            store_stream<VEC>(head + t * stride, pack_from<VEC>(o1));
+            store_stream<VEC>(head + t * stride + HALF, pack_from<VEC>(o2));
+            t += step;
+        }
+    }
+#undef ROPE_V5_ISSUE
+}
+
 // ---- launchers -----------------------------------------------------------------------
 
 // The widest vector (8, 4, 2 or 1 elements) such that half = D/2 splits into
@@ -758,6 +912,66 @@ static int dispatch_v4_fused(bf16 *q, long long qs, bf16 *k, long long ks, const
     }
 }
 
+// Version 5 of the fused form: the head sizes of one vector pair per lane
+// (D = 2 * VEC * LANES) take qk_norm_rope_kernel_v5; any other takes v3.
+// The block is version 4's (LANES x heads x tz, a whole number of warps
+// where it can, at most 192 threads); the grid is persistent: at most
+// ROPE_V5_BLOCKS_PER_SM blocks per SM (what __launch_bounds__ guarantees
+// fit), and no more token slices than there are tokens.
+template <int VEC, int LANES>
+static void launch_v5_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
+                            cudaStream_t s) {
+    constexpr int MAX_THREADS = 192;  // the kernel's __launch_bounds__
+    const int nheads = H + Hkv;
+    int hpb = nheads < MAX_THREADS / LANES ? nheads : MAX_THREADS / LANES;
+    while (nheads % hpb) hpb--;
+    int tz = 1;
+    while ((LANES * hpb * tz) % 32 && LANES * hpb * tz * 2 <= MAX_THREADS) tz *= 2;
+    dim3 block(LANES, hpb, tz);
+    const long long ny = nheads / hpb, slices = (T + tz - 1) / tz;
+    long long nx = (long long)ROPE_V5_BLOCKS_PER_SM * mv_num_sms() / ny;
+    if (nx > slices) nx = slices;
+    if (nx < 1) nx = 1;
+    dim3 grid((unsigned)nx, (unsigned)ny);
+    qk_norm_rope_kernel_v5<VEC, LANES, ROPE_V5_DEPTH><<<grid, block, 0, s>>>(q, qs, k, ks, pos, cs, qw, kw, T, H,
+                                                                             max_pos, eps);
+}
+
+template <int VEC>
+static int launch_v5(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                     cudaStream_t s) {
+    if (D == 2 * VEC * 8) {
+        launch_v5_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 4) {
+        launch_v5_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 16) {
+        launch_v5_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    if (D == 2 * VEC * 32) {
+        launch_v5_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        return 0;
+    }
+    return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+}
+
+static int dispatch_v5_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                             const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                             cudaStream_t s) {
+    switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
+    case 8: return launch_v5<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 4: return launch_v5<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 2: return launch_v5<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    default: return launch_v5<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    }
+}
+
 static int check_version(const char *who, int version) {
     if (version < 1 || version > ROPE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", who, version, ROPE_NUM_VERSIONS);
@@ -795,6 +1009,7 @@ extern "C" const char *rope_version_name(int version) {
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
+    case 5: return "v5-same-as-v3";  // and so is v5's
     default: return NULL;
     }
 }
@@ -805,6 +1020,7 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
+    case 5: return "v5-persistent-prefetch-2-fixed-d";  // other head sizes: v3's kernel, as v4
     default: return NULL;
     }
 }
@@ -859,7 +1075,11 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
         if (dispatch_v3<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                               head_dim, cache->max_position, eps, stream))
             return -1;
-    } else if (dispatch_v4_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+    } else if (version == 4) {
+        if (dispatch_v4_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+                              head_dim, cache->max_position, eps, stream))
+            return -1;
+    } else if (dispatch_v5_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                                  head_dim, cache->max_position, eps, stream)) {
         return -1;
     }

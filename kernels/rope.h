@@ -18,7 +18,7 @@
  * fails with "unspecified launch failure") rather than reading outside
  * the cache.
  *
- * Versions (both functions):
+ * Versions (both functions; from 4 on only the fused form changes):
  *   1  naive: rope_cuda one thread per (token, head, pair); the fused one
  *            thread per (token, head), which sums the squares of its head
  *            and then rotates it. Written for reading.
@@ -28,13 +28,25 @@
  *            loads issued before any is used, and the token's cos/sin
  *            loaded once for all HPT heads. The fused kernel reduces the sum
  *            of squares over the group with group_inv_rms (kernels/rmsnorm.cuh).
- *   3  fast:  the engine's. The same group of LANES threads per head and the
+ *   3  fast:  the plain form the engine runs. The same group of LANES threads per head and the
  *            same pairing, but one head and TOK = 4 tokens per thread (all
  *            8 loads issued first), the block's cos/sin rows copied once
  *            into shared memory, bf16 kept packed two to a register, blocks
  *            of whole warps (8 lanes x 24 heads = 192 threads for Qwen3):
  *            64 registers (79 fused) instead of 112 (126), so 4-5 blocks
  *            per SM instead of 2. The fused form uses group_inv_rms too.
+ *   4  fused: 2 tokens per thread and the head size a template constant
+ *            (D = 2 * VEC * LANES; Qwen3's 128), 64 registers, 5 blocks of
+ *            192 per SM; other head sizes take v3. Plain: v3's kernel.
+ *   5  fused: the engine's. Persistent and software-pipelined: a grid of
+ *            2 blocks of 192 per SM, each thread bound to one (head, lane)
+ *            for the kernel's life (its norm weights in registers as fp32),
+ *            walking tokens t, t + stride, ... with the loads of the token
+ *            ROPE_V5_DEPTH = 2 steps ahead (q/k vectors, cos/sin from the
+ *            global cache, position one step earlier still) issued before
+ *            the current token's reduction, rotation and stores. No shared
+ *            memory, no barrier. Fixed head sizes as v4; other head sizes
+ *            take v3. Plain: v3's kernel.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H
@@ -49,8 +61,8 @@
 extern "C" {
 #endif
 
-#define ROPE_NUM_VERSIONS 4
-#define ROPE_FAST 4  // the version the engine uses
+#define ROPE_NUM_VERSIONS 5
+#define ROPE_FAST 5  // the version the engine uses (plain: v3's kernel under the name v5)
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.
