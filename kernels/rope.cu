@@ -19,6 +19,7 @@
 
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
+#include "kernels/rope_fused.cuh"
 #include "reference/rmsnorm.h"
 
 typedef __nv_bfloat16 bf16;
@@ -972,6 +973,68 @@ static int dispatch_v5_fused(bf16 *q, long long qs, bf16 *k, long long ks, const
     }
 }
 
+// ---- version 6 (prepared, not switched on): a member of kernels/rope_fused.cuh ----
+// The winner of tests/gpu/rope_sweep.cu (issue 4) goes in ONE line, the
+// alias below: rope_v6_config<TOK, MINB, COSSIN, MATH> as the sweep's table
+// names them (COSSIN 2 is a diagnostic and cannot be used: the device cache
+// has no inv_freq). Then set ROPE_V6_ENABLED to 1 in kernels/rope.h, which
+// adds version 6 to qk_norm_rope_cuda and makes it ROPE_FAST.
+template <int TOK_, int MINB_, int COSSIN_, int MATH_>
+struct rope_v6_config {
+    static_assert(COSSIN_ != 2, "COSSIN 2 needs inv_freq on the device");
+    static constexpr int TOK = TOK_, MINB = MINB_, COSSIN = COSSIN_, MATH = MATH_;
+};
+using ROPE_V6 = rope_v6_config<2, 5, 0, 0>;  // <- the sweep's winner (now: v4's configuration)
+
+template <int VEC, int LANES>
+static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
+                            cudaStream_t s) {
+    // As version 4: TOK tokens per thread while that still gives every SM a block, else one.
+    if ((long long)T >= (long long)ROPE_V6::TOK * mv_num_sms())
+        rope_fused::launch<VEC, LANES, ROPE_V6::TOK, ROPE_V6::MINB, ROPE_V6::COSSIN, ROPE_V6::MATH>(
+            q, qs, k, ks, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s);
+    else
+        rope_fused::launch<VEC, LANES, 1, ROPE_V6::MINB, ROPE_V6::COSSIN, ROPE_V6::MATH>(
+            q, qs, k, ks, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s);
+}
+
+template <int VEC>
+static int launch_v6(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                     cudaStream_t s) {
+    if constexpr (VEC >= 2) {  // rope_fused packs bf16 in pairs
+        if (D == 2 * VEC * 8) {
+            launch_v6_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            return 0;
+        }
+        if (D == 2 * VEC * 4) {
+            launch_v6_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            return 0;
+        }
+        if (D == 2 * VEC * 16) {
+            launch_v6_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            return 0;
+        }
+        if (D == 2 * VEC * 32) {
+            launch_v6_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            return 0;
+        }
+    }
+    return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+}
+
+[[maybe_unused]] static int dispatch_v6_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos,
+                                              const float *cs, const bf16 *qw, const bf16 *kw, int T, int H, int Hkv,
+                                              int D, int max_pos, float eps, cudaStream_t s) {
+    switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
+    case 8: return launch_v6<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 4: return launch_v6<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 2: return launch_v6<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    default: return launch_v6<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    }
+}
+
 static int check_version(const char *who, int version) {
     if (version < 1 || version > ROPE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", who, version, ROPE_NUM_VERSIONS);
@@ -1010,6 +1073,9 @@ extern "C" const char *rope_version_name(int version) {
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
     case 5: return "v5-same-as-v3";  // and so is v5's
+#if ROPE_V6_ENABLED
+    case 6: return "v6-same-as-v3";
+#endif
     default: return NULL;
     }
 }
@@ -1021,6 +1087,9 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
     case 5: return "v5-persistent-prefetch-2-fixed-d";  // other head sizes: v3's kernel, as v4
+#if ROPE_V6_ENABLED
+    case 6: return "v6-rope-fused-family";  // TODO when switching: name the winner's configuration
+#endif
     default: return NULL;
     }
 }
@@ -1079,6 +1148,12 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
         if (dispatch_v4_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                               head_dim, cache->max_position, eps, stream))
             return -1;
+#if ROPE_V6_ENABLED
+    } else if (version == 6) {
+        if (dispatch_v6_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
+                              head_dim, cache->max_position, eps, stream))
+            return -1;
+#endif
     } else if (dispatch_v5_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                                  head_dim, cache->max_position, eps, stream)) {
         return -1;

@@ -61,8 +61,13 @@
 extern "C" {
 #endif
 
-#define ROPE_NUM_VERSIONS 5
-#define ROPE_FAST 5  // the version the engine uses (plain: v3's kernel under the name v5)
+// Version 6 (kernels/rope_fused.cuh, the winner of tests/gpu/rope_sweep.cu:
+// see ROPE_V6 in kernels/rope.cu) is prepared but not switched on.
+#ifndef ROPE_V6_ENABLED
+#define ROPE_V6_ENABLED 0
+#endif
+#define ROPE_NUM_VERSIONS (5 + ROPE_V6_ENABLED)
+#define ROPE_FAST (5 + ROPE_V6_ENABLED)  // the version the engine uses (plain: v3's kernel under the name v5/v6)
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.
