@@ -64,7 +64,7 @@ extern "C" {
 // Version 6 (kernels/rope_fused.cuh, the winner of tests/gpu/rope_sweep.cu:
 // see ROPE_V6 in kernels/rope.cu) is prepared but not switched on.
 #ifndef ROPE_V6_ENABLED
-#define ROPE_V6_ENABLED 0
+#define ROPE_V6_ENABLED 1
 #endif
 #define ROPE_NUM_VERSIONS (5 + ROPE_V6_ENABLED)
 #define ROPE_FAST (5 + ROPE_V6_ENABLED)  // the version the engine uses (plain: v3's kernel under the name v5/v6)
