@@ -1088,7 +1088,7 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
     case 5: return "v5-persistent-prefetch-2-fixed-d";  // other head sizes: v3's kernel, as v4
 #if ROPE_V6_ENABLED
-    case 6: return "v6-rope-fused-family";  // TODO when switching: name the winner's configuration
+    case 6: return "v6-1-token-8-blocks-cossin-in-regs";  // the sweep winner (rope_fused.cuh: TOK 1, MINB 8, COSSIN 1, MATH 1)
 #endif
     default: return NULL;
     }
