@@ -38,7 +38,7 @@
  *   4  fused: 2 tokens per thread and the head size a template constant
  *            (D = 2 * VEC * LANES; Qwen3's 128), 64 registers, 5 blocks of
  *            192 per SM; other head sizes take v3. Plain: v3's kernel.
- *   5  fused: the engine's. Persistent and software-pipelined: a grid of
+ *   5  fused: persistent and software-pipelined: a grid of
  *            2 blocks of 192 per SM, each thread bound to one (head, lane)
  *            for the kernel's life (its norm weights in registers as fp32),
  *            walking tokens t, t + stride, ... with the loads of the token
@@ -46,7 +46,20 @@
  *            global cache, position one step earlier still) issued before
  *            the current token's reduction, rotation and stores. No shared
  *            memory, no barrier. Fixed head sizes as v4; other head sizes
- *            take v3. Plain: v3's kernel.
+ *            take v3. Plain: v3's kernel. Measured (run 13, H200): 146
+ *            registers, 12 warps per SM, 64.7% of copy; slower than v4.
+ *   6  fused: the engine's (ROPE_FAST). The winner of run 14's sweep
+ *            (tests/gpu/rope_sweep.cu, docs/results/05-rope-sweep.txt):
+ *            the member <TOK 1, MINB 8, COSSIN 1, MATH 1> of
+ *            kernels/rope_fused.cuh, chosen by ROPE_V6 in kernels/rope.cu.
+ *            One token per thread, __launch_bounds__(192, 8): 40 registers,
+ *            no spills, 8 blocks (48 warps) per SM; cos/sin loaded by each
+ *            thread from the global row into registers (no shared memory,
+ *            no barrier); x * w rotated first, then one multiply by 1/rms
+ *            (linearity: the rotation does not wait for the reduction).
+ *            Sweep: 110.3 us, 87.4% of copy at T = 32768 in QKV rows.
+ *            Head sizes D = 2 * VEC * LANES (LANES 4, 8, 16 or 32);
+ *            other head sizes take v3. Plain: v3's kernel.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H
@@ -62,7 +75,8 @@ extern "C" {
 #endif
 
 // Version 6 (kernels/rope_fused.cuh, the winner of tests/gpu/rope_sweep.cu:
-// see ROPE_V6 in kernels/rope.cu) is prepared but not switched on.
+// see ROPE_V6 in kernels/rope.cu) is switched on; -DROPE_V6_ENABLED=0
+// builds without it (then ROPE_FAST is 5).
 #ifndef ROPE_V6_ENABLED
 #define ROPE_V6_ENABLED 1
 #endif
