@@ -973,7 +973,7 @@ static int dispatch_v5_fused(bf16 *q, long long qs, bf16 *k, long long ks, const
     }
 }
 
-// ---- version 6 (prepared, not switched on): a member of kernels/rope_fused.cuh ----
+// ---- version 6: a member of kernels/rope_fused.cuh, the fused form the engine uses ----
 // The winner of tests/gpu/rope_sweep.cu (issue 4) goes in ONE line, the
 // alias below: rope_v6_config<TOK, MINB, COSSIN, MATH> as the sweep's table
 // names them (COSSIN 2 is a diagnostic and cannot be used: the device cache
