@@ -222,6 +222,27 @@ static int check_prefill_common(const char *fn, int version, const void *out, co
     return 0;
 }
 
+// The version choice both prefill entries share, for either place of the
+// keys (KV = PagedKV or ContigKV): version 1, or a flash version after the
+// 16-byte alignment check it needs.
+template <class KV>
+static int prefill_versions(const char *fn, int version, bf16 *out, const bf16 *q, long long q_stride, const KV &kv,
+                            const int32_t *d_cu_seqlens_q, int num_seqs, int max_seqlen_q, int num_heads,
+                            int num_kv_heads, int head_dim, float scale, cudaStream_t stream) {
+    if (version == 1) {
+        launch_v1(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads, head_dim,
+                  scale, stream);
+    } else {
+        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
+        const int rc = version == 2 ? launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                   num_heads, num_kv_heads, head_dim, scale, stream)
+                                    : launch_flash3(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
+                                                    num_heads, num_kv_heads, head_dim, scale, stream);
+        if (rc) return -1;
+    }
+    return CUDA_TRY(cudaGetLastError());
+}
+
 extern "C" int attention_prefill_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
                                       const bf16_t *d_k_cache, const bf16_t *d_v_cache,
                                       const int32_t *d_cu_seqlens_q, const int32_t *d_context_lens,
@@ -239,20 +260,8 @@ extern "C" int attention_prefill_cuda(int version, bf16_t *d_out, const bf16_t *
     const long long row = (long long)num_kv_heads * head_dim;
     PagedKV kv = {(const bf16 *)d_k_cache, (const bf16 *)d_v_cache, row, row, d_context_lens, d_block_tables,
                   log2_int(block_size), max_blocks};
-    bf16 *out = (bf16 *)d_out;
-    const bf16 *q = (const bf16 *)d_q;
-    if (version == 1) {
-        launch_v1(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads, head_dim,
-                  scale, stream);
-    } else {
-        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
-        const int rc = version == 2 ? launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
-                                                   num_heads, num_kv_heads, head_dim, scale, stream)
-                                    : launch_flash3(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
-                                                    num_heads, num_kv_heads, head_dim, scale, stream);
-        if (rc) return -1;
-    }
-    return CUDA_TRY(cudaGetLastError());
+    return prefill_versions(fn, version, (bf16 *)d_out, (const bf16 *)d_q, q_stride, kv, d_cu_seqlens_q, num_seqs,
+                            max_seqlen_q, num_heads, num_kv_heads, head_dim, scale, stream);
 }
 
 extern "C" int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
@@ -272,20 +281,8 @@ extern "C" int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const b
     if (num_seqs == 0 || max_seqlen_q == 0) return 0;
     if (!d_k || !d_v || !d_cu_seqlens_k) return mv_error("%s: null pointer for a non-empty batch", fn);
     ContigKV kv = {(const bf16 *)d_k, (const bf16 *)d_v, k_stride, v_stride, d_cu_seqlens_k};
-    bf16 *out = (bf16 *)d_out;
-    const bf16 *q = (const bf16 *)d_q;
-    if (version == 1) {
-        launch_v1(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q, num_heads, num_kv_heads, head_dim,
-                  scale, stream);
-    } else {
-        if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
-        const int rc = version == 2 ? launch_flash(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
-                                                   num_heads, num_kv_heads, head_dim, scale, stream)
-                                    : launch_flash3(out, q, q_stride, kv, d_cu_seqlens_q, num_seqs, max_seqlen_q,
-                                                    num_heads, num_kv_heads, head_dim, scale, stream);
-        if (rc) return -1;
-    }
-    return CUDA_TRY(cudaGetLastError());
+    return prefill_versions(fn, version, (bf16 *)d_out, (const bf16 *)d_q, q_stride, kv, d_cu_seqlens_q, num_seqs,
+                            max_seqlen_q, num_heads, num_kv_heads, head_dim, scale, stream);
 }
 
 extern "C" int attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len, int block_size) {

@@ -878,41 +878,6 @@ static void launch_v4_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
     }
 }
 
-template <int VEC>
-static int launch_v4(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
-                     cudaStream_t s) {
-    // nheads / hpb blocks along y: hpb >= 1, and rope_validate bounds the head count.
-    if (D == 2 * VEC * 8) {
-        launch_v4_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 4) {
-        launch_v4_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 16) {
-        launch_v4_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 32) {
-        launch_v4_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-}
-
-static int dispatch_v4_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                             const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
-                             cudaStream_t s) {
-    switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
-    case 8: return launch_v4<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 4: return launch_v4<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 2: return launch_v4<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    default: return launch_v4<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    }
-}
-
 // Version 5 of the fused form: the head sizes of one vector pair per lane
 // (D = 2 * VEC * LANES) take qk_norm_rope_kernel_v5; any other takes v3.
 // The block is version 4's (LANES x heads x tz, a whole number of warps
@@ -937,40 +902,6 @@ static void launch_v5_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
     dim3 grid((unsigned)nx, (unsigned)ny);
     qk_norm_rope_kernel_v5<VEC, LANES, ROPE_V5_DEPTH><<<grid, block, 0, s>>>(q, qs, k, ks, pos, cs, qw, kw, T, H,
                                                                              max_pos, eps);
-}
-
-template <int VEC>
-static int launch_v5(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
-                     cudaStream_t s) {
-    if (D == 2 * VEC * 8) {
-        launch_v5_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 4) {
-        launch_v5_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 16) {
-        launch_v5_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    if (D == 2 * VEC * 32) {
-        launch_v5_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-        return 0;
-    }
-    return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-}
-
-static int dispatch_v5_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                             const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
-                             cudaStream_t s) {
-    switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
-    case 8: return launch_v5<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 4: return launch_v5<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 2: return launch_v5<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    default: return launch_v5<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    }
 }
 
 // ---- version 6: a member of kernels/rope_fused.cuh, the fused form the engine uses ----
@@ -999,39 +930,70 @@ static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
             q, qs, k, ks, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s);
 }
 
-template <int VEC>
-static int launch_v6(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
-                     cudaStream_t s) {
-    if constexpr (VEC >= 2) {  // rope_fused packs bf16 in pairs
+// ---- the dispatch versions 4 to 6 of the fused form share ------------------------
+// Pick the vector width VEC (pick_vec: what D, the strides and the pointers
+// allow), then the lanes per head so that D = 2 * VEC * LANES; any other head
+// size takes version 3's kernel. Shape is a struct naming one version's
+// launcher as Shape::run<VEC, LANES>(...) and the smallest VEC it takes.
+struct fused_v4_shape {
+    static constexpr int MIN_VEC = 1;
+    template <int VEC, int LANES>
+    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
+        launch_v4_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+    }
+};
+struct fused_v5_shape {
+    static constexpr int MIN_VEC = 1;
+    template <int VEC, int LANES>
+    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
+        launch_v5_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+    }
+};
+struct fused_v6_shape {
+    static constexpr int MIN_VEC = 2;  // rope_fused packs bf16 in pairs
+    template <int VEC, int LANES>
+    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
+        launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+    }
+};
+
+template <class Shape, int VEC>
+static int launch_fused_lanes(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                              const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                              cudaStream_t s) {
+    if constexpr (VEC >= Shape::MIN_VEC) {
         if (D == 2 * VEC * 8) {
-            launch_v6_shape<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            Shape::template run<VEC, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
             return 0;
         }
         if (D == 2 * VEC * 4) {
-            launch_v6_shape<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            Shape::template run<VEC, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
             return 0;
         }
         if (D == 2 * VEC * 16) {
-            launch_v6_shape<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            Shape::template run<VEC, 16>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
             return 0;
         }
         if (D == 2 * VEC * 32) {
-            launch_v6_shape<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+            Shape::template run<VEC, 32>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
             return 0;
         }
     }
     return launch_v3<VEC, true>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
 }
 
-[[maybe_unused]] static int dispatch_v6_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos,
-                                              const float *cs, const bf16 *qw, const bf16 *kw, int T, int H, int Hkv,
-                                              int D, int max_pos, float eps, cudaStream_t s) {
+template <class Shape>
+static int dispatch_fused(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                          const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int D, int max_pos, float eps,
+                          cudaStream_t s) {
     switch (pick_vec(D / 2, qs, ks, q, k, qw, kw, cs)) {
-    case 8: return launch_v6<8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 4: return launch_v6<4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    case 2: return launch_v6<2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
-    default: return launch_v6<1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 8: return launch_fused_lanes<Shape, 8>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 4: return launch_fused_lanes<Shape, 4>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    case 2: return launch_fused_lanes<Shape, 2>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
+    default: return launch_fused_lanes<Shape, 1>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, D, max_pos, eps, s);
     }
 }
 
@@ -1144,19 +1106,21 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
         if (dispatch_v3<true>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
                               head_dim, cache->max_position, eps, stream))
             return -1;
-    } else if (version == 4) {
-        if (dispatch_v4_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
-                              head_dim, cache->max_position, eps, stream))
-            return -1;
+    } else {
+        // Versions 4 to 6 share one dispatch (dispatch_fused above).
+        const int rc =
+            version == 4   ? dispatch_fused<fused_v4_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
+                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
+                                                            eps, stream)
 #if ROPE_V6_ENABLED
-    } else if (version == 6) {
-        if (dispatch_v6_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
-                              head_dim, cache->max_position, eps, stream))
-            return -1;
+            : version == 6 ? dispatch_fused<fused_v6_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
+                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
+                                                            eps, stream)
 #endif
-    } else if (dispatch_v5_fused(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T, num_heads, num_kv_heads,
-                                 head_dim, cache->max_position, eps, stream)) {
-        return -1;
+                           : dispatch_fused<fused_v5_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
+                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
+                                                            eps, stream);
+        if (rc) return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }
