@@ -19,6 +19,7 @@
 
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
+#include "kernels/rope_bulk.cuh"
 #include "kernels/rope_fused.cuh"
 #include "reference/rmsnorm.h"
 
@@ -908,8 +909,7 @@ static void launch_v5_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
 // The winner of tests/gpu/rope_sweep.cu (issue 4) goes in ONE line, the
 // alias below: rope_v6_config<TOK, MINB, COSSIN, MATH> as the sweep's table
 // names them (COSSIN 2 is a diagnostic and cannot be used: the device cache
-// has no inv_freq). Then set ROPE_V6_ENABLED to 1 in kernels/rope.h, which
-// adds version 6 to qk_norm_rope_cuda and makes it ROPE_FAST.
+// has no inv_freq). Version 7 falls back to it.
 template <int TOK_, int MINB_, int COSSIN_, int MATH_>
 struct rope_v6_config {
     static_assert(COSSIN_ != 2, "COSSIN 2 needs inv_freq on the device");
@@ -930,7 +930,35 @@ static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
             q, qs, k, ks, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s);
 }
 
-// ---- the dispatch versions 4 to 6 of the fused form share ------------------------
+// ---- version 7: the copy engine moves the rows (kernels/rope_bulk.cuh) ------------
+// An experiment that stays for what it teaches: it is correct (the same bits
+// as version 6) but not faster (run 17: 86.7% of copy against version 6's
+// 87.7% at T = 32768, slower at small T), so the engine keeps version 6.
+// Tiles of about ROPE_V7_TILE_BYTES of
+// rows (4 tokens of Qwen3-0.6B's 24 heads of 128), ROPE_V7_STAGES of them
+// per block in shared memory, ROPE_V7_BLOCKS_PER_SM blocks of one producer
+// warp and ROPE_V7_WARPS consumer warps. Rows the copy engine cannot take
+// (a base or row stride not a multiple of 16 bytes), q and k that are not
+// one range of the row, or a tile too big for shared memory: version 6.
+#define ROPE_V7_TILE_BYTES 24576
+#define ROPE_V7_STAGES 4
+#define ROPE_V7_BLOCKS_PER_SM 2
+#define ROPE_V7_WARPS 8
+
+template <int VEC, int LANES>
+static void launch_v7_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
+                            cudaStream_t s) {
+    constexpr int D = 2 * VEC * LANES;
+    if (k == q + (long long)H * D && qs == ks &&
+        rope_bulk::launch<VEC, LANES, ROPE_V7_WARPS>(q, qs, pos, cs, qw, kw, T, H, Hkv, max_pos, eps,
+                                                     ROPE_V7_TILE_BYTES, ROPE_V7_STAGES, ROPE_V7_BLOCKS_PER_SM,
+                                                     mv_num_sms(), s) == 0)
+        return;
+    launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+}
+
+// ---- the dispatch versions 4 to 7 of the fused form share ------------------------
 // Pick the vector width VEC (pick_vec: what D, the strides and the pointers
 // allow), then the lanes per head so that D = 2 * VEC * LANES; any other head
 // size takes version 3's kernel. Shape is a struct naming one version's
@@ -957,6 +985,15 @@ struct fused_v6_shape {
     static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
         launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+    }
+};
+
+struct fused_v7_shape {
+    static constexpr int MIN_VEC = 2;
+    template <int VEC, int LANES>
+    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
+                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
+        launch_v7_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
     }
 };
 
@@ -1034,10 +1071,9 @@ extern "C" const char *rope_version_name(int version) {
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
-    case 5: return "v5-same-as-v3";  // and so is v5's
-#if ROPE_V6_ENABLED
+    case 5: return "v5-same-as-v3";  // and so are v5's to v7's
     case 6: return "v6-same-as-v3";
-#endif
+    case 7: return "v7-same-as-v3";
     default: return NULL;
     }
 }
@@ -1049,9 +1085,8 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
     case 5: return "v5-persistent-prefetch-2-fixed-d";  // other head sizes: v3's kernel, as v4
-#if ROPE_V6_ENABLED
     case 6: return "v6-1-token-8-blocks-cossin-in-regs";  // the sweep winner (rope_fused.cuh: TOK 1, MINB 8, COSSIN 1, MATH 1)
-#endif
+    case 7: return "v7-bulk-copy-engine-4-stages";        // kernels/rope_bulk.cuh
     default: return NULL;
     }
 }
@@ -1107,16 +1142,17 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
                               head_dim, cache->max_position, eps, stream))
             return -1;
     } else {
-        // Versions 4 to 6 share one dispatch (dispatch_fused above).
+        // Versions 4 to 7 share one dispatch (dispatch_fused above).
         const int rc =
             version == 4   ? dispatch_fused<fused_v4_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
                                                             num_heads, num_kv_heads, head_dim, cache->max_position,
                                                             eps, stream)
-#if ROPE_V6_ENABLED
             : version == 6 ? dispatch_fused<fused_v6_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
                                                             num_heads, num_kv_heads, head_dim, cache->max_position,
                                                             eps, stream)
-#endif
+            : version == 7 ? dispatch_fused<fused_v7_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
+                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
+                                                            eps, stream)
                            : dispatch_fused<fused_v5_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
                                                             num_heads, num_kv_heads, head_dim, cache->max_position,
                                                             eps, stream);

@@ -60,6 +60,17 @@
  *            Sweep: 110.3 us, 87.4% of copy at T = 32768 in QKV rows.
  *            Head sizes D = 2 * VEC * LANES (LANES 4, 8, 16 or 32);
  *            other head sizes take v3. Plain: v3's kernel.
+ *   7  fused: the copy engine moves the rows (kernels/rope_bulk.cuh):
+ *            per block, a producer warp bulk-loads tiles of 4 tokens' q and
+ *            k heads and their cos/sin rows into shared memory, 4 stages
+ *            deep, and bulk-stores them back once 8 consumer warps have
+ *            normalised and rotated them there (version 6's math, the same
+ *            bits). Persistent grid of 2 blocks per SM. Rows it cannot take
+ *            (not 16-byte aligned) run version 6. Measured (run 17, H200):
+ *            correct, but not faster than version 6 (86.7% against 87.7%
+ *            of copy at T = 32768; slower at T = 1 and 256): keeping more
+ *            bytes in flight was not what version 6 lacked. Kept as the
+ *            chapter's example of the copy engine. Plain: v3's kernel.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H
@@ -74,14 +85,8 @@
 extern "C" {
 #endif
 
-// Version 6 (kernels/rope_fused.cuh, the winner of tests/gpu/rope_sweep.cu:
-// see ROPE_V6 in kernels/rope.cu) is switched on; -DROPE_V6_ENABLED=0
-// builds without it (then ROPE_FAST is 5).
-#ifndef ROPE_V6_ENABLED
-#define ROPE_V6_ENABLED 1
-#endif
-#define ROPE_NUM_VERSIONS (5 + ROPE_V6_ENABLED)
-#define ROPE_FAST (5 + ROPE_V6_ENABLED)  // the version the engine uses (plain: v3's kernel under the name v5/v6)
+#define ROPE_NUM_VERSIONS 7
+#define ROPE_FAST 6  // the version the engine uses (plain: v3's kernel under the name v6)
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.

@@ -73,6 +73,22 @@ __device__ __forceinline__ pack<VEC> put(const float (&f)[VEC]) {
     return p;
 }
 
+// MATH 1's rotation of a vector pair before the norm's 1/rms: a = x1 * wa,
+// b = x2 * wb, o1 = a cos - b sin, o2 = b cos + a sin (version 7 in
+// kernels/rope_bulk.cuh does the same math from shared memory).
+template <int VEC>
+__device__ __forceinline__ void rotate_scaled(const pack<VEC> &x1, const pack<VEC> &x2, const pack<VEC> &wa,
+                                              const pack<VEC> &wb, const float (&co)[VEC], const float (&si)[VEC],
+                                              float (&o1)[VEC], float (&o2)[VEC]) {
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        const float a = get(x1, e) * get(wa, e);
+        const float b = get(x2, e) * get(wb, e);
+        o1[e] = a * co[e] - b * si[e];
+        o2[e] = b * co[e] + a * si[e];
+    }
+}
+
 __device__ __forceinline__ void check_pos(int pos, int max_pos) {
     if ((unsigned)pos >= (unsigned)max_pos) __trap();
 }
@@ -194,19 +210,18 @@ kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *
             for (int e = 0; e < VEC; e++) sincosf((float)pos[r] * ifr.v[e], &si[e], &co[e]);
         }
         float o1[VEC], o2[VEC];
+        if constexpr (MATH == 0) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            if constexpr (MATH == 0) {
+            for (int e = 0; e < VEC; e++) {
                 const float a = get(x1[r], e) * inv_rms[r] * get(wa, e);
                 const float b = get(x2[r], e) * inv_rms[r] * get(wb, e);
                 o1[e] = a * co[e] - b * si[e];
                 o2[e] = b * co[e] + a * si[e];
-            } else {
-                const float a = get(x1[r], e) * get(wa, e);
-                const float b = get(x2[r], e) * get(wb, e);
-                o1[e] = (a * co[e] - b * si[e]) * inv_rms[r];
-                o2[e] = (b * co[e] + a * si[e]) * inv_rms[r];
             }
+        } else {
+            rotate_scaled<VEC>(x1[r], x2[r], wa, wb, co, si, o1, o2);
+#pragma unroll
+            for (int e = 0; e < VEC; e++) o1[e] *= inv_rms[r], o2[e] *= inv_rms[r];
         }
         reinterpret_cast<vec_t *>(head + t * stride)[lane] = put<VEC>(o1);
         reinterpret_cast<vec_t *>(head + t * stride + HALF)[lane] = put<VEC>(o2);

@@ -33,6 +33,7 @@
 #include "common/gpu.h"
 #include "common/rng.h"
 #include "kernels/rope.h"
+#include "kernels/rope_bulk.cuh"
 #include "kernels/rope_fused.cuh"
 #include "reference/rope.h"
 
@@ -79,11 +80,71 @@ int run_plain_v3(void *p, cudaStream_t s) {
     return rope_cuda(3, (bf16_t *)c->buf, ROW, (bf16_t *)(c->buf + H * D), ROW, c->pos, &c->cache, c->T, H, HKV, D, s);
 }
 
+int run_v6(void *p, cudaStream_t s) {
+    ctx_t *c = (ctx_t *)p;
+    return qk_norm_rope_cuda(6, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
+                             c->T, H, HKV, D, EPS, s);
+}
+int run_v7(void *p, cudaStream_t s) {
+    ctx_t *c = (ctx_t *)p;
+    return qk_norm_rope_cuda(7, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
+                             c->T, H, HKV, D, EPS, s);
+}
+
+// Ceilings for this access pattern (run 18): version 6's shape (one token
+// per block of 8 lanes x 24 heads, 16 bytes x 2 per thread, 8 blocks per
+// SM) reading each q/k vector of the QKV rows and writing it back unchanged:
+// no norm, no rotation. COSSIN also loads the token's cos/sin as version 6
+// does (an impossible test keeps the loads). What is left between these and
+// version 6 is the cost of the math; what is left between them and copy is
+// the cost of the access pattern itself.
+template <bool COSSIN>
+__global__ void __launch_bounds__(192, 8)
+touch_kernel(bf16 *buf, const int32_t *positions, const float *cos_sin) {
+    using vec_t = rope_fused::pack<8>;
+    using fvec_t = rope_fused::fvec<8>;
+    const int lane = threadIdx.x, h = threadIdx.y;
+    const long long t = blockIdx.x;
+    bf16 *head = buf + t * ROW + (long long)h * D;
+    vec_t x1 = reinterpret_cast<const vec_t *>(head)[lane];
+    vec_t x2 = reinterpret_cast<const vec_t *>(head + D / 2)[lane];
+    if (COSSIN) {
+        const int p = positions[t];
+        const fvec_t c = reinterpret_cast<const fvec_t *>(cos_sin + (long long)p * D)[lane];
+        const fvec_t n = reinterpret_cast<const fvec_t *>(cos_sin + (long long)p * D + D / 2)[lane];
+        if (c.v[0] + n.v[7] == 1234.5f) x1.w[0] ^= 1u;  // never true for cos/sin: keeps the loads
+    }
+    reinterpret_cast<vec_t *>(head)[lane] = x1;
+    reinterpret_cast<vec_t *>(head + D / 2)[lane] = x2;
+}
+
+template <bool COSSIN>
+int run_touch(void *p, cudaStream_t s) {
+    ctx_t *c = (ctx_t *)p;
+    touch_kernel<COSSIN><<<c->T, dim3(8, H + HKV), 0, s>>>(c->buf, c->pos, c->cache.d_cos_sin);
+    return CUDA_TRY(cudaGetLastError());
+}
+
+// Members of kernels/rope_bulk.cuh (version 7's kernel): consumer warps,
+// tile bytes, stages, blocks per SM.
+template <int NCW, int TILE_BYTES, int STAGES, int BPS>
+int run_bulk(void *p, cudaStream_t s) {
+    ctx_t *c = (ctx_t *)p;
+    static int sms = 0;
+    if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (rope_bulk::launch<8, 8, NCW>(c->buf, ROW, c->pos, c->cache.d_cos_sin, c->qw, c->kw, c->T, H, HKV, MAX_POS, EPS,
+                                     TILE_BYTES, STAGES, BPS, sms, s))
+        return mv_error("rope_sweep: the bulk member did not launch");
+    return CUDA_TRY(cudaGetLastError());
+}
+
 struct variant_t {
-    int tok, minb, cossin, math;  // -1: a library version (name says which)
+    int tok, minb, cossin, math;  // -1: a library version (name says which); -2: a bulk member
     const void *func;             // for the register / occupancy query (NULL: none)
     run_fn run;
     const char *name;
+    int ncw, tile_bytes, stages, bps;  // bulk members only
+    int offset;                        // elements the rows start past a 256-byte boundary (timed only)
 };
 
 #define M(t, b, c, x) {t, b, c, x, (const void *)rope_fused::kernel<8, 8, t, b, c, x>, run_member<t, b, c, x>, NULL}
@@ -91,10 +152,30 @@ struct variant_t {
 #define MC(t, b) MX(t, b, 0), MX(t, b, 1), MX(t, b, 2)
 #define MB(t) MC(t, 1), MC(t, 4), MC(t, 5), MC(t, 6), MC(t, 8)
 
+#define BULK(w, tb, st, b) \
+    {-2, 0, 0, 1, (const void *)rope_bulk::kernel<8, 8, w>, run_bulk<w, tb, st, b>, NULL, w, tb, st, b}
+
 const variant_t variants[] = {
     {-1, 0, 0, 0, NULL, run_v4, "library fused v4"},
     {-1, 0, 0, 0, NULL, run_v5, "library fused v5"},
+    {-1, 0, 0, 0, NULL, run_v6, "library fused v6"},
+    {-1, 0, 0, 0, NULL, run_v7, "library fused v7"},
     {-1, 0, 0, 0, NULL, run_plain_v3, "library PLAIN rope v3 (no norm)"},
+    {-1, 0, 0, 0, NULL, run_touch<false>, "CEILING read+write back, no math"},
+    {-1, 0, 0, 0, NULL, run_touch<true>, "CEILING read+write back + cos/sin loads"},
+    // Run 18: the same with every row 16 bytes past alignment (as chapter 05's
+    // timed buffers were until run 17: 8 guard elements before the data).
+    {-1, 0, 0, 0, NULL, run_v6, "+16B library fused v6", 0, 0, 0, 0, 8},
+    {-1, 0, 0, 0, NULL, run_v7, "+16B library fused v7", 0, 0, 0, 0, 8},
+    {-1, 0, 0, 0, NULL, run_plain_v3, "+16B library PLAIN rope v3", 0, 0, 0, 0, 8},
+    {-1, 0, 0, 0, NULL, run_touch<false>, "+16B CEILING read+write back", 0, 0, 0, 0, 8},
+    // Run 17: version 7's copy-engine pipeline: tile bytes 6 KB = 1 token
+    // of Qwen3-0.6B, 12 KB = 2, 24 KB = 4, 48 KB = 8.
+    BULK(8, 24576, 4, 2), BULK(4, 24576, 4, 2), BULK(16, 24576, 4, 2), BULK(8, 24576, 3, 2),
+    BULK(8, 24576, 2, 3), BULK(8, 12288, 8, 2), BULK(8, 12288, 4, 3), BULK(4, 12288, 4, 3),
+    BULK(8, 6144, 8, 3), BULK(4, 6144, 8, 4), BULK(8, 49152, 4, 1), BULK(8, 24576, 8, 1),
+    BULK(16, 49152, 4, 1),
+    // Run 14's family (kernels/rope_fused.cuh).
     MB(1), MB(2), MB(4),
 };
 
@@ -137,14 +218,18 @@ __global__ void compare_kernel(const uint16_t *got, const uint16_t *ref, const u
 struct row_t {
     const variant_t *v;
     double us;
-    int regs, local, blocks;
+    int regs, local, blocks, threads;
     cmp_t cmp;
     bool checked;
 };
 
 void label(const variant_t *v, char *s, size_t n) {
-    if (v->tok < 0) {
+    if (v->tok == -1) {
         snprintf(s, n, "%s", v->name);
+        return;
+    }
+    if (v->tok == -2) {
+        snprintf(s, n, "bulk %d warps, tile %d KB x %d stages, %d/SM", v->ncw, v->tile_bytes / 1024, v->stages, v->bps);
         return;
     }
     static const char *cs[] = {"smem+barrier", "global->regs", "sincosf(diag)"};
@@ -192,7 +277,8 @@ int main(int argc, char **argv) {
     ctx_t c;
     MV_CHECK(rope_cache_upload(&c.cache, &cache));
     bf16 *saved = (bf16 *)gpu_alloc(nmax * 2), *ref = (bf16 *)gpu_alloc(nmax * 2), *dst2d = (bf16 *)gpu_alloc(nmax * 2);
-    c.buf = (bf16 *)gpu_alloc(nmax * 2);
+    bf16 *buf0 = (bf16 *)gpu_alloc(nmax * 2 + 256);  // room for the +16B rows
+    c.buf = buf0;
     bf16 *w = (bf16 *)gpu_alloc(2 * D * 2);
     c.qw = w;
     c.kw = w + D;
@@ -227,16 +313,30 @@ int main(int argc, char **argv) {
         std::vector<row_t> rows;
         for (int i = 0; i < nvar; i++) {
             const variant_t *v = &variants[i];
-            row_t r = {v, 0, -1, -1, -1, {0, 0, 0}, false};
+            row_t r = {v, 0, -1, -1, -1, rope_fused::THREADS, {0, 0, 0}, false};
             if (v->func) {
                 cudaFuncAttributes fa;
                 CUDA_CHECK(cudaFuncGetAttributes(&fa, v->func));
                 r.regs = fa.numRegs;
                 r.local = (int)fa.localSizeBytes;
-                const size_t smem = v->cossin == 0 ? sizeof(float) * v->tok * D : 0;  // tz = 1 for Qwen3
-                CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, rope_fused::THREADS, smem));
+                if (v->tok == -2) {
+                    // Launch once first: that sets the kernel's dynamic shared-memory limit.
+                    MV_CHECK(v->run(&c, 0));
+                    int tile = v->tile_bytes / (QK * 2);
+                    const rope_bulk::layout_t L = rope_bulk::layout(H + HKV, D, tile < 1 ? 1 : tile, v->stages);
+                    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, 32 * (v->ncw + 1),
+                                                                             L.total));
+                    r.threads = 32 * (v->ncw + 1);
+                } else {
+                    const size_t smem = v->cossin == 0 ? sizeof(float) * v->tok * D : 0;  // tz = 1 for Qwen3
+                    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, rope_fused::THREADS,
+                                                                             smem));
+                }
             }
-            if (v->run != run_plain_v3) {  // the plain rope does something else: timed only
+            c.buf = buf0 + v->offset;
+            if (v->offset) CUDA_CHECK(cudaMemcpy(c.buf, saved, n * 2, cudaMemcpyDeviceToDevice));
+            if (v->run != run_plain_v3 && v->run != run_touch<false> && v->run != run_touch<true> &&
+                !v->offset) {  // the plain rope and the ceilings do something else, offset rows are elsewhere: timed only
                 CUDA_CHECK(cudaMemcpy(c.buf, saved, n * 2, cudaMemcpyDeviceToDevice));
                 MV_CHECK(v->run(&c, 0));
                 CUDA_CHECK(cudaMemset(d_cmp, 0, sizeof(cmp_t)));
@@ -247,6 +347,7 @@ int main(int argc, char **argv) {
                 r.checked = true;
             }
             r.us = gpu_time_ms(v->run, &c, opts) * 1e3;
+            c.buf = buf0;
             rows.push_back(r);
         }
         std::sort(rows.begin(), rows.end(), [](const row_t &a, const row_t &b) { return a.us < b.us; });
@@ -265,7 +366,7 @@ int main(int argc, char **argv) {
                 snprintf(regs, sizeof regs, "%d", r.regs);
                 snprintf(local, sizeof local, "%d", r.local);
                 snprintf(blk, sizeof blk, "%d", r.blocks);
-                snprintf(warps, sizeof warps, "%d", r.blocks * rope_fused::THREADS / 32);
+                snprintf(warps, sizeof warps, "%d", r.blocks * r.threads / 32);
             }
             const char *mark = "";
             if (r.checked) {
@@ -282,7 +383,7 @@ int main(int argc, char **argv) {
     }
     rope_cache_gpu_free(&c.cache);
     rope_cache_free(&cache);
-    gpu_free(saved); gpu_free(ref); gpu_free(dst2d); gpu_free(c.buf); gpu_free(w); gpu_free(d_pos); gpu_free(d_inv);
+    gpu_free(saved); gpu_free(ref); gpu_free(dst2d); gpu_free(buf0); gpu_free(w); gpu_free(d_pos); gpu_free(d_inv);
     gpu_free(d_cmp);
     return 0;
 }
