@@ -53,6 +53,7 @@ struct ctx_t {
     const float *inv_freq;
     rope_cache_gpu_t cache;
     int T;
+    unsigned flip;  // 0: the ceilings' XOR (see touch_kernel)
 };
 
 typedef int (*run_fn)(void *, cudaStream_t);
@@ -93,14 +94,16 @@ int run_v7(void *p, cudaStream_t s) {
 
 // Ceilings for this access pattern (run 18): version 6's shape (one token
 // per block of 8 lanes x 24 heads, 16 bytes x 2 per thread, 8 blocks per
-// SM) reading each q/k vector of the QKV rows and writing it back unchanged:
-// no norm, no rotation. COSSIN also loads the token's cos/sin as version 6
-// does (an impossible test keeps the loads). What is left between these and
+// SM) reading each q/k vector of the QKV rows and writing it back XORed
+// with `flip` (0 at run time: the data stay as they are; unknown to the
+// compiler, which would otherwise drop a store of the value it just loaded,
+// and then the load): no norm, no rotation. COSSIN also loads the token's
+// cos/sin as version 6 does (an impossible test keeps the loads). What is left between these and
 // version 6 is the cost of the math; what is left between them and copy is
 // the cost of the access pattern itself.
 template <bool COSSIN>
 __global__ void __launch_bounds__(192, 8)
-touch_kernel(bf16 *buf, const int32_t *positions, const float *cos_sin) {
+touch_kernel(bf16 *buf, const int32_t *positions, const float *cos_sin, unsigned flip) {
     using vec_t = rope_fused::pack<8>;
     using fvec_t = rope_fused::fvec<8>;
     const int lane = threadIdx.x, h = threadIdx.y;
@@ -112,8 +115,13 @@ touch_kernel(bf16 *buf, const int32_t *positions, const float *cos_sin) {
         const int p = positions[t];
         const fvec_t c = reinterpret_cast<const fvec_t *>(cos_sin + (long long)p * D)[lane];
         const fvec_t n = reinterpret_cast<const fvec_t *>(cos_sin + (long long)p * D + D / 2)[lane];
-        if (c.v[0] + n.v[7] == 1234.5f) x1.w[0] ^= 1u;  // never true for cos/sin: keeps the loads
+        float sum = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) sum += c.v[e] + n.v[e];
+        if (sum == 1234.5f) x1.w[0] ^= 1u;  // never true (|sum| <= 16): keeps all the loads
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++) x1.w[i] ^= flip, x2.w[i] ^= flip;
     reinterpret_cast<vec_t *>(head)[lane] = x1;
     reinterpret_cast<vec_t *>(head + D / 2)[lane] = x2;
 }
@@ -121,7 +129,7 @@ touch_kernel(bf16 *buf, const int32_t *positions, const float *cos_sin) {
 template <bool COSSIN>
 int run_touch(void *p, cudaStream_t s) {
     ctx_t *c = (ctx_t *)p;
-    touch_kernel<COSSIN><<<c->T, dim3(8, H + HKV), 0, s>>>(c->buf, c->pos, c->cache.d_cos_sin);
+    touch_kernel<COSSIN><<<c->T, dim3(8, H + HKV), 0, s>>>(c->buf, c->pos, c->cache.d_cos_sin, c->flip);
     return CUDA_TRY(cudaGetLastError());
 }
 
@@ -275,6 +283,7 @@ int main(int argc, char **argv) {
     MV_CHECK(rope_inv_freq(h_inv.data(), &cfg));
 
     ctx_t c;
+    c.flip = argc > 99 ? 1u : 0u;  // 0, from a value the compiler cannot see
     MV_CHECK(rope_cache_upload(&c.cache, &cache));
     bf16 *saved = (bf16 *)gpu_alloc(nmax * 2), *ref = (bf16 *)gpu_alloc(nmax * 2), *dst2d = (bf16 *)gpu_alloc(nmax * 2);
     bf16 *buf0 = (bf16 *)gpu_alloc(nmax * 2 + 256);  // room for the +16B rows
