@@ -932,9 +932,9 @@ static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
 
 // ---- version 7: the copy engine moves the rows (kernels/rope_bulk.cuh) ------------
 // An experiment that stays for what it teaches: it is correct (the same bits
-// as version 6) but not faster (run 17: 86.7% of copy against version 6's
-// 87.7% at T = 32768, slower at small T), so the engine keeps version 6.
-// Tiles of about ROPE_V7_TILE_BYTES of
+// as version 6) but not faster (run 18: 87.5% of copy against version 6's
+// 87.7% at T = 32768; slower at T = 1 and 256), so the engine keeps version
+// 6 (docs/05-rope.md, section 4). Tiles of about ROPE_V7_TILE_BYTES of
 // rows (4 tokens of Qwen3-0.6B's 24 heads of 128), ROPE_V7_STAGES of them
 // per block in shared memory, ROPE_V7_BLOCKS_PER_SM blocks of one producer
 // warp and ROPE_V7_WARPS consumer warps. Rows the copy engine cannot take
@@ -944,19 +944,6 @@ static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
 #define ROPE_V7_STAGES 4
 #define ROPE_V7_BLOCKS_PER_SM 2
 #define ROPE_V7_WARPS 8
-
-template <int VEC, int LANES>
-static void launch_v7_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
-                            cudaStream_t s) {
-    constexpr int D = 2 * VEC * LANES;
-    if (k == q + (long long)H * D && qs == ks &&
-        rope_bulk::launch<VEC, LANES, ROPE_V7_WARPS>(q, qs, pos, cs, qw, kw, T, H, Hkv, max_pos, eps,
-                                                     ROPE_V7_TILE_BYTES, ROPE_V7_STAGES, ROPE_V7_BLOCKS_PER_SM,
-                                                     mv_num_sms(), s) == 0)
-        return;
-    launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-}
 
 // ---- the dispatch versions 4 to 7 of the fused form share ------------------------
 // Pick the vector width VEC (pick_vec: what D, the strides and the pointers
@@ -988,12 +975,19 @@ struct fused_v6_shape {
     }
 };
 
+// Version 7's launcher is its shape's run: the copy engine when it can take
+// the rows (q and k one range of each row, see rope_bulk::launch), else version 6.
 struct fused_v7_shape {
     static constexpr int MIN_VEC = 2;
     template <int VEC, int LANES>
     static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
-        launch_v7_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
+        constexpr int D = 2 * VEC * LANES;
+        const bool one_range = k == q + (long long)H * D && qs == ks;
+        if (!one_range || rope_bulk::launch<VEC, LANES, ROPE_V7_WARPS>(q, qs, pos, cs, qw, kw, T, H, Hkv, max_pos, eps,
+                                                                      ROPE_V7_TILE_BYTES, ROPE_V7_STAGES,
+                                                                      ROPE_V7_BLOCKS_PER_SM, mv_num_sms(), s))
+            launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
     }
 };
 

@@ -57,7 +57,8 @@
  *            thread from the global row into registers (no shared memory,
  *            no barrier); x * w rotated first, then one multiply by 1/rms
  *            (linearity: the rotation does not wait for the reduction).
- *            Sweep: 110.3 us, 87.4% of copy at T = 32768 in QKV rows.
+ *            Sweep: 110.3 us, 87.4% of copy at T = 32768 in QKV rows;
+ *            chapter run 18 (aligned rows): 109.7 us, 87.7%.
  *            Head sizes D = 2 * VEC * LANES (LANES 4, 8, 16 or 32);
  *            other head sizes take v3. Plain: v3's kernel.
  *   7  fused: the copy engine moves the rows (kernels/rope_bulk.cuh):
@@ -66,11 +67,12 @@
  *            deep, and bulk-stores them back once 8 consumer warps have
  *            normalised and rotated them there (version 6's math, the same
  *            bits). Persistent grid of 2 blocks per SM. Rows it cannot take
- *            (not 16-byte aligned) run version 6. Measured (run 17, H200):
- *            correct, but not faster than version 6 (86.7% against 87.7%
- *            of copy at T = 32768; slower at T = 1 and 256): keeping more
- *            bytes in flight was not what version 6 lacked. Kept as the
- *            chapter's example of the copy engine. Plain: v3's kernel.
+ *            (not 16-byte aligned) run version 6. Measured (run 18, H200):
+ *            correct, but not faster than version 6 (87.5% against 87.7%
+ *            of copy at T = 32768; slower at T = 1 and 256): both are
+ *            within 3% of the access pattern's own ceiling, so keeping more
+ *            bytes in flight could not win much. Kept as the chapter's
+ *            example of the copy engine. Plain: v3's kernel.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H

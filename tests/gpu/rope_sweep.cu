@@ -66,30 +66,16 @@ int run_member(void *p, cudaStream_t s) {
     return CUDA_TRY(cudaGetLastError());
 }
 
-int run_v4(void *p, cudaStream_t s) {
+// A library version of the fused form (qk_norm_rope_cuda).
+template <int V>
+int run_fused(void *p, cudaStream_t s) {
     ctx_t *c = (ctx_t *)p;
-    return qk_norm_rope_cuda(4, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
-                             c->T, H, HKV, D, EPS, s);
-}
-int run_v5(void *p, cudaStream_t s) {
-    ctx_t *c = (ctx_t *)p;
-    return qk_norm_rope_cuda(5, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
+    return qk_norm_rope_cuda(V, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
                              c->T, H, HKV, D, EPS, s);
 }
 int run_plain_v3(void *p, cudaStream_t s) {
     ctx_t *c = (ctx_t *)p;
     return rope_cuda(3, (bf16_t *)c->buf, ROW, (bf16_t *)(c->buf + H * D), ROW, c->pos, &c->cache, c->T, H, HKV, D, s);
-}
-
-int run_v6(void *p, cudaStream_t s) {
-    ctx_t *c = (ctx_t *)p;
-    return qk_norm_rope_cuda(6, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
-                             c->T, H, HKV, D, EPS, s);
-}
-int run_v7(void *p, cudaStream_t s) {
-    ctx_t *c = (ctx_t *)p;
-    return qk_norm_rope_cuda(7, (bf16_t *)c->buf, (const bf16_t *)c->qw, (const bf16_t *)c->kw, c->pos, &c->cache,
-                             c->T, H, HKV, D, EPS, s);
 }
 
 // Ceilings for this access pattern (run 18): version 6's shape (one token
@@ -164,17 +150,17 @@ struct variant_t {
     {-2, 0, 0, 1, (const void *)rope_bulk::kernel<8, 8, w>, run_bulk<w, tb, st, b>, NULL, w, tb, st, b}
 
 const variant_t variants[] = {
-    {-1, 0, 0, 0, NULL, run_v4, "library fused v4"},
-    {-1, 0, 0, 0, NULL, run_v5, "library fused v5"},
-    {-1, 0, 0, 0, NULL, run_v6, "library fused v6"},
-    {-1, 0, 0, 0, NULL, run_v7, "library fused v7"},
+    {-1, 0, 0, 0, NULL, run_fused<4>, "library fused v4"},
+    {-1, 0, 0, 0, NULL, run_fused<5>, "library fused v5"},
+    {-1, 0, 0, 0, NULL, run_fused<6>, "library fused v6"},
+    {-1, 0, 0, 0, NULL, run_fused<7>, "library fused v7"},
     {-1, 0, 0, 0, NULL, run_plain_v3, "library PLAIN rope v3 (no norm)"},
     {-1, 0, 0, 0, NULL, run_touch<false>, "CEILING read+write back, no math"},
     {-1, 0, 0, 0, NULL, run_touch<true>, "CEILING read+write back + cos/sin loads"},
     // Run 18: the same with every row 16 bytes past alignment (as chapter 05's
     // timed buffers were until run 17: 8 guard elements before the data).
-    {-1, 0, 0, 0, NULL, run_v6, "+16B library fused v6", 0, 0, 0, 0, 8},
-    {-1, 0, 0, 0, NULL, run_v7, "+16B library fused v7", 0, 0, 0, 0, 8},
+    {-1, 0, 0, 0, NULL, run_fused<6>, "+16B library fused v6", 0, 0, 0, 0, 8},
+    {-1, 0, 0, 0, NULL, run_fused<7>, "+16B library fused v7", 0, 0, 0, 0, 8},
     {-1, 0, 0, 0, NULL, run_plain_v3, "+16B library PLAIN rope v3", 0, 0, 0, 0, 8},
     {-1, 0, 0, 0, NULL, run_touch<false>, "+16B CEILING read+write back", 0, 0, 0, 0, 8},
     // Run 17: version 7's copy-engine pipeline: tile bytes 6 KB = 1 token
@@ -312,7 +298,7 @@ int main(int argc, char **argv) {
 
         // The reference output: the library's fused v4.
         CUDA_CHECK(cudaMemcpy(c.buf, saved, n * 2, cudaMemcpyDeviceToDevice));
-        MV_CHECK(run_v4(&c, 0));
+        MV_CHECK(run_fused<4>(&c, 0));
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(ref, c.buf, n * 2, cudaMemcpyDeviceToDevice));
 
