@@ -6,7 +6,11 @@
  * flight with registers. Each thread loads one token's 32 bytes of one head,
  * waits, normalises, rotates and stores, so a byte is in flight only during
  * the load part of a thread's short life. It made 84.9% to 87.4% of copy in
- * QKV rows, at the issue's 85% line and not dependably above it.
+ * QKV rows, at the issue's 85% line, and the guess was: too few bytes in
+ * flight. (Outcome, runs 17-19: the guess was wrong. The low runs had timed
+ * rows 16 bytes off alignment; aligned, version 6 makes 87.7%, within 1.4%
+ * of the access pattern's own ceiling, and this version is as fast, not
+ * faster. docs/05-rope.md, section 4.)
  *
  * Hopper has a bulk copy engine (the TMA unit): one thread asks it to move a
  * contiguous range of global memory to shared memory (cp.async.bulk ...
