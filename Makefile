@@ -3,8 +3,10 @@
 #
 # Layout: common/ (shared host code), reference/ (CPU reference, C11),
 # kernels/ (CUDA kernels), chapters/NN-name/ (main.c = the chapter's
-# executable; other .c files there are library code later chapters reuse),
-# tests/ (Criterion tests, one binary per tests/test_*.c).
+# executable; other .c files there are library code later chapters reuse;
+# chapter 09 is split into model/, runtime/, text/ and cli/), tests/
+# (Criterion tests, one binary per tests/test_*.c). `make help` lists the
+# targets.
 #
 # Variables:
 #   CUDA_ARCH="80 86 89 90"  GPU architectures to build for (sm_XX)
@@ -44,7 +46,10 @@ CSTD    := -std=c11 -D_GNU_SOURCE
 WARN    := -Wall -Wextra -Wshadow -Wno-unused-parameter -Werror
 OPT     := -O2 -g
 CPPFLAGS := -I. -MMD -MP
-LDLIBS  := -lcjson -lpcre2-8 -lutf8proc -lxxhash -lpthread -lm
+
+# Record only the shared libraries a program calls into (Ubuntu's default,
+# not Debian's): chapter 01 needs neither cuBLAS nor NCCL.
+LDFLAGS += -Wl,--as-needed
 
 ifneq ($(DEPS_PREFIX),)
   CPPFLAGS += -I$(DEPS_PREFIX)/usr/include
@@ -81,24 +86,88 @@ else
 endif
 CFLAGS := $(CSTD) $(OPT) $(WARN)
 
-# ---- sources ------------------------------------------------------------------
-HOST_SRC := $(wildcard common/*.c reference/*.c) \
-            $(filter-out %/main.c,$(wildcard chapters/*/*.c))
+# ---- sources, one archive per layer -------------------------------------------
+# Each piece of code has one home, and each executable links only the layers
+# it uses, each archive once, in dependency order (a layer only calls the
+# layers after it on the link line):
+#
+#   libmv_core     common/, reference/, kernels/ (the CUDA code when built):
+#                  what every chapter teaches; needs only libm, pthread and
+#                  CUDA / cuBLAS / NCCL
+#   libmv_ch03     chapters/03-linear-tp/*.c   tensor-parallel shard loaders
+#   libmv_ch04     chapters/04-embedding/*.c   vocab-parallel shard loaders
+#   libmv_ch07     chapters/07-attention/*.c   the attention check cases
+#   libmv_sched    chapters/08-scheduler/sched/  sequence, block manager, scheduler
+#   libmv_ch08     chapters/08-scheduler/*.c   the chapter's simulation
+#   libmv_model    chapters/09-engine/model/   config, safetensors, Qwen3 weights and
+#                                              their packing (calls chapter 03's shard rules)
+#   libmv_text     chapters/09-engine/text/    tokenizer, chat template
+#   libmv_runtime  chapters/09-engine/runtime/ engine loop, runner, backends, sampler
+#   chapters/09-engine/cli/                    the minivllm program (not an archive)
+#
+# So build/01-activation compiles common/, reference/, kernels/ and its
+# main.c and nothing else, and links neither PCRE2, utf8proc, xxHash nor cJSON.
+CORE_SRC := $(wildcard common/*.c reference/*.c)
 CU_SRC   := $(if $(NVCC),$(wildcard common/*.cu kernels/*.cu))
+chapter_lib_src = $(filter-out %/main.c,$(wildcard chapters/$(1)/*.c))
+SCHED_SRC   := $(wildcard chapters/08-scheduler/sched/*.c)
+MODEL_SRC   := $(wildcard chapters/09-engine/model/*.c)
+TEXT_SRC    := $(wildcard chapters/09-engine/text/*.c)
+RUNTIME_SRC := $(wildcard chapters/09-engine/runtime/*.c)
+CLI_SRC     := $(wildcard chapters/09-engine/cli/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(filter %.cu,$(1)))
+L := $(BUILD)/lib
+LIB_CORE    := $(L)/libmv_core.a
+LIB_CH03    := $(L)/libmv_ch03.a
+LIB_CH04    := $(L)/libmv_ch04.a
+LIB_CH07    := $(L)/libmv_ch07.a
+LIB_SCHED   := $(L)/libmv_sched.a
+LIB_CH08    := $(L)/libmv_ch08.a
+LIB_MODEL   := $(L)/libmv_model.a
+LIB_TEXT    := $(L)/libmv_text.a
+LIB_RUNTIME := $(L)/libmv_runtime.a
+
+$(LIB_CORE):    $(call obj,$(CORE_SRC) $(CU_SRC))
+$(LIB_CH03):    $(call obj,$(call chapter_lib_src,03-linear-tp))
+$(LIB_CH04):    $(call obj,$(call chapter_lib_src,04-embedding))
+$(LIB_CH07):    $(call obj,$(call chapter_lib_src,07-attention))
+$(LIB_SCHED):   $(call obj,$(SCHED_SRC))
+$(LIB_CH08):    $(call obj,$(call chapter_lib_src,08-scheduler))
+$(LIB_MODEL):   $(call obj,$(MODEL_SRC))
+$(LIB_TEXT):    $(call obj,$(TEXT_SRC))
+$(LIB_RUNTIME): $(call obj,$(RUNTIME_SRC))
+$(L)/%.a:
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+# What each program links (the libraries in link order) and the system
+# libraries those layers need.
+CORE_LDLIBS   := $(CUDA_LIBS) -lpthread -lm
+ENGINE_LIBS   := $(LIB_RUNTIME) $(LIB_TEXT) $(LIB_MODEL) $(LIB_SCHED) $(LIB_CH03) $(LIB_CORE)
+ENGINE_LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lxxhash $(CORE_LDLIBS)
+LIBS_01-activation := $(LIB_CORE)
+LIBS_02-rmsnorm    := $(LIB_CORE)
+LIBS_03-linear-tp  := $(LIB_CH03) $(LIB_CORE)
+LIBS_04-embedding  := $(LIB_CH04) $(LIB_CH03) $(LIB_CORE)
+LIBS_05-rope       := $(LIB_CORE)
+LIBS_06-kv-store   := $(LIB_CORE)
+LIBS_07-attention  := $(LIB_CH07) $(LIB_CORE)
+LIBS_08-scheduler  := $(LIB_CH08) $(LIB_SCHED) $(LIB_CORE)
+LDLIBS_08-scheduler := -lxxhash
+# The tests link every layer (each test pulls only the members it calls).
+TEST_LIBS   := $(LIB_RUNTIME) $(LIB_TEXT) $(LIB_MODEL) $(LIB_CH08) $(LIB_SCHED) $(LIB_CH07) $(LIB_CH04) $(LIB_CH03) $(LIB_CORE)
+
 CHAPTERS := $(sort $(notdir $(patsubst %/main.c,%,$(wildcard chapters/*/main.c))))
+LAB_CHAPTERS := $(CHAPTERS)
+LAB_BINS := $(addprefix $(BUILD)/,$(LAB_CHAPTERS))
 # Chapter 09's executable is the engine itself.
-CHAPTER_BINS := $(foreach c,$(CHAPTERS),$(if $(filter 09-engine,$(c)),$(BUILD)/minivllm,$(BUILD)/$(c)))
-LAB_CHAPTERS := $(filter-out 09-engine,$(CHAPTERS))
+CHAPTER_BINS := $(LAB_BINS) $(BUILD)/minivllm
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-HOST_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(HOST_SRC))
-CU_OBJ   := $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(CU_SRC))
-LIB_HOST := $(BUILD)/libmv_host.a
-LIB_CUDA := $(if $(CU_SRC),$(BUILD)/libmv_cuda.a)
-LIBS     := $(LIB_HOST) $(LIB_CUDA)
-
-.PHONY: all run check test test-unit test-chapters test-tokenizer deps deps-test results clean help
+.PHONY: all chapters run check test test-unit test-chapters test-tokenizer deps deps-test results clean help
 .DEFAULT_GOAL := all
 # Keep object files that pattern rules build on the way (make would delete them).
 .SECONDARY:
@@ -106,46 +175,61 @@ LIBS     := $(LIB_HOST) $(LIB_CUDA)
 all: $(CHAPTER_BINS) $(BUILD)/engine_check
 	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
 
+# Chapters 01-08 alone: they build even when the engine's code does not.
+chapters: $(LAB_BINS)
+	@echo "built $(words $(LAB_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
+
 comma := ,
 space := $(empty) $(empty)
 
 help:
-	@sed -n '1,16p' Makefile
+	@echo "mini-vLLM Lab - make targets (see README.md):"
+	@echo "  make                 build every chapter, build/minivllm and build/engine_check"
+	@echo "  make run             every chapter in order, one summary line each, then the engine"
+	@echo "  make test            the tests: Criterion, the chapters in CPU mode, the tokenizer vs Hugging Face"
+	@echo "  make check           every chapter executable with its full output"
+	@echo "  make chapters        build chapters 01-08 only (they do not need the engine's code)"
+	@echo "  make build/NN-name   one chapter, e.g. make build/01-activation && build/01-activation"
+	@echo "  make build/minivllm  the engine (chapter 09)"
+	@echo "  make results         docs/results/*.md from the committed --json files"
+	@echo "  make clean           remove build/ and build-san/"
+	@echo "variables: CUDA_ARCH=\"80 86 89 90\"  NO_CUDA=1  SANITIZE=1  DEPS_PREFIX=/opt/deps  MODEL=DIR PROMPT=..."
 
-$(BUILD)/obj/%.o: %.c
+# make compares file times only: a CUDA build over a NO_CUDA=1 one in the
+# same directory (or another CUDA_ARCH) would keep objects built with the
+# old flags. The flags go into a stamp file that every object depends on,
+# rewritten only when they change.
+FLAGS_NOW   := $(CC) $(CPPFLAGS) $(CFLAGS) $(NVCC) $(NVFLAGS)
+FLAGS_STAMP := $(BUILD)/obj/flags.stamp
+ifneq ($(FLAGS_NOW),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
+  $(shell mkdir -p $(BUILD)/obj && printf '%s' '$(FLAGS_NOW)' > $(FLAGS_STAMP))
+endif
+
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
 
-$(LIB_HOST): $(HOST_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
-
-$(BUILD)/libmv_cuda.a: $(CU_OBJ)
-	@rm -f $@
-	ar rcs $@ $^
-
 # Chapter executables: chapters/NN-name/main.c -> build/NN-name.
-# The libraries are listed twice because host code calls kernels and kernels
-# call host helpers (error messages, shape checks).
-$(BUILD)/0%: $(BUILD)/obj/chapters/0%/main.o $(LIBS)
-	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+.SECONDEXPANSION:
+$(LAB_BINS): $(BUILD)/%: $(BUILD)/obj/chapters/%/main.o $$(LIBS_$$*)
+	$(LINK) $(LDFLAGS) $< $(LIBS_$*) $(LDLIBS_$*) $(CORE_LDLIBS) -o $@
 
-$(BUILD)/minivllm: $(BUILD)/obj/chapters/09-engine/main.o $(LIBS)
-	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+$(BUILD)/minivllm: $(call obj,$(CLI_SRC)) $(ENGINE_LIBS)
+	$(LINK) $(LDFLAGS) $(call obj,$(CLI_SRC)) $(ENGINE_LIBS) $(ENGINE_LDLIBS) -o $@
 
 # The engine's GPU check (tests/gpu/engine_check.c): the cuda backend against
-# transformers' goldens and the GPU sampler against the host's. Built
+# transformers' goldens and the GPU sampler against the CPU reference. Built
 # everywhere (--device cpu runs its golden half without a GPU).
-$(BUILD)/engine_check: $(BUILD)/obj/tests/gpu/engine_check.o $(LIBS)
-	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -o $@
+$(BUILD)/engine_check: $(BUILD)/obj/tests/gpu/engine_check.o $(ENGINE_LIBS)
+	$(LINK) $(LDFLAGS) $< $(ENGINE_LIBS) $(ENGINE_LDLIBS) -o $@
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIBS)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_LIBS)
 	@mkdir -p $(dir $@)
-	$(LINK) $(LDFLAGS) $< $(LIBS) $(LIBS) $(CUDA_LIBS) $(LDLIBS) -lcriterion -o $@
+	$(LINK) $(LDFLAGS) $< $(TEST_LIBS) -lcriterion $(ENGINE_LDLIBS) -o $@
 
 $(BUILD)/obj/tests/%.o: CPPFLAGS += -DMV_BUILD_DIR='"$(BUILD)"'
 
@@ -162,9 +246,10 @@ deps-test:
 MODEL  ?=
 PROMPT ?= Give me a short introduction to large language models.
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory chapters
 	@echo "== mini-vLLM Lab: every chapter, in order"
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --summary || status=1; done; exit $$status
+	@$(MAKE) --no-print-directory $(BUILD)/minivllm
 ifeq ($(MODEL),)
 	@echo "== minivllm generate (CPU backend) on tests/data/tiny-qwen3-tied, prompts from chapters/09-engine/demo.jsonl"
 	@./$(BUILD)/minivllm generate --model tests/data/tiny-qwen3-tied --input chapters/09-engine/demo.jsonl

@@ -42,6 +42,11 @@ static inline bf16_t float_to_bf16(float f) {
 // The value a float takes once it has been stored as bf16.
 static inline float bf16_round(float f) { return bf16_to_float(float_to_bf16(f)); }
 
+// Half a bf16 ulp, relative: bf16 keeps 8 significant bits (7 stored, one
+// implied), so rounding to nearest moves a value by at most 2^-8 of it. Every
+// tolerance for a bf16 output starts from this (and its square, for NMSE).
+#define BF16_HALF_ULP (1.0 / 256)
+
 void bf16_to_float_array(float *dst, const bf16_t *src, size_t n);
 void float_to_bf16_array(bf16_t *dst, const float *src, size_t n);
 

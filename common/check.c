@@ -19,11 +19,36 @@ int mv_error(const char *fmt, ...) {
 
 const char *mv_last_error(void) { return last_error; }
 
+int mv_error_prefix(const char *fmt, ...) {
+    // mv_error() writes into the buffer mv_last_error() returns: copy the
+    // old message out before the new one is formatted over it.
+    char old[sizeof last_error], prefix[sizeof last_error];
+    snprintf(old, sizeof old, "%s", last_error);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    size_t n = strnlen(prefix, sizeof last_error - 1);
+    memcpy(last_error, prefix, n);
+    snprintf(last_error + n, sizeof last_error - n, ": %s", old);  // cut at the buffer's end, as mv_error()
+    return -1;
+}
+
 void mv_die_at(const char *file, int line, const char *call, const char *what) {
     fflush(stdout);
     fprintf(stderr, "error: %s failed at %s:%d: %s\n", call, file, line,
             what && *what ? what : "(no message)");
     exit(1);
+}
+
+void *mv_xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        char what[64];
+        snprintf(what, sizeof what, "out of host memory (%zu bytes)", bytes);
+        mv_die_at(__FILE__, __LINE__, "malloc", what);
+    }
+    return p;
 }
 
 void io_check_at(int ok, const char *call, const char *path, const char *file, int line) {

@@ -36,6 +36,9 @@ extern "C" {
 int mv_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // The message recorded by the last mv_error() of this thread ("" if none).
 const char *mv_last_error(void);
+// Put a formatted prefix and ": " in front of this thread's last error (a
+// caller adding where the failure happened: "layer 3: ..."); returns -1.
+int mv_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // Print "error: <call> failed at file:line: <what>" and exit(1).
 void mv_die_at(const char *file, int line, const char *call, const char *what)
     __attribute__((noreturn));
@@ -45,6 +48,9 @@ static inline void mv_check_at(int status, const char *call, const char *file, i
 }
 // For library calls that return 0 / -1.
 #define MV_CHECK(call) mv_check_at((call), #call, __FILE__, __LINE__)
+
+// Programs only: malloc(bytes) (at least 1 byte), or exit with a message.
+void *mv_xmalloc(size_t bytes);
 
 // Host I/O: `ok` is the success condition; on failure errno names the error.
 void io_check_at(int ok, const char *call, const char *path, const char *file, int line);

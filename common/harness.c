@@ -1,7 +1,6 @@
 /* common/harness.c - the chapter driver described in harness.h. */
 #include "common/harness.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,17 +103,17 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
         used += (size_t)snprintf(h->command + used, sizeof h->command - used, "%s%s", i ? " " : "",
                                  argv[i]);
 
-    h->json = cJSON_CreateObject();
-    cJSON_AddStringToObject(h->json, "chapter", chapter);
-    cJSON_AddStringToObject(h->json, "title", title);
-    cJSON_AddStringToObject(h->json, "command", h->command);
-    cJSON_AddNumberToObject(h->json, "seed", (double)h->seed);
+    h->json = mvj_object();
+    mvj_set_string(h->json, "chapter", chapter);
+    mvj_set_string(h->json, "title", title);
+    mvj_set_string(h->json, "command", h->command);
+    mvj_set_number(h->json, "seed", (double)h->seed);
     char when[32];
     iso_time(when, sizeof when);
-    cJSON_AddStringToObject(h->json, "date", when);
-    cJSON_AddBoolToObject(h->json, "built_with_cuda", MV_HAVE_CUDA);
-    h->checks = cJSON_AddArrayToObject(h->json, "checks");
-    h->timings = cJSON_AddArrayToObject(h->json, "timings");
+    mvj_set_string(h->json, "date", when);
+    mvj_set_bool(h->json, "built_with_cuda", MV_HAVE_CUDA);
+    h->checks = mvj_set_array(h->json, "checks");
+    h->timings = mvj_set_array(h->json, "timings");
 
     if (!h->summary) printf("%s: %s\n", chapter, title);
     if (h->host_only) {
@@ -124,25 +123,25 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
     } else if (gpu_probe(&h->gpu, h->device) == 0) {
         h->use_gpu = 1;
     }
-    cJSON *g = cJSON_AddObjectToObject(h->json, "gpu");
-    cJSON_AddBoolToObject(g, "used", h->use_gpu);
+    mv_json_t *g = mvj_set_object(h->json, "gpu");
+    mvj_set_bool(g, "used", h->use_gpu);
     if (!h->use_gpu) {
-        cJSON_AddStringToObject(g, "why_not", h->gpu.why_not);
+        mvj_set_string(g, "why_not", h->gpu.why_not);
         if (!h->summary && !h->host_only)
             printf("GPU half skipped: %s. Checking the CPU reference only.\n", h->gpu.why_not);
         return;
     }
-    cJSON_AddStringToObject(g, "name", h->gpu.name);
-    cJSON_AddNumberToObject(g, "device", h->gpu.device);
-    cJSON_AddNumberToObject(g, "device_count", h->gpu.device_count);
-    cJSON_AddNumberToObject(g, "sm_count", h->gpu.sm_count);
+    mvj_set_string(g, "name", h->gpu.name);
+    mvj_set_number(g, "device", h->gpu.device);
+    mvj_set_number(g, "device_count", h->gpu.device_count);
+    mvj_set_number(g, "sm_count", h->gpu.sm_count);
     char cc[16];
     snprintf(cc, sizeof cc, "%d.%d", h->gpu.cc_major, h->gpu.cc_minor);
-    cJSON_AddStringToObject(g, "compute_capability", cc);
-    cJSON_AddNumberToObject(g, "l2_bytes", (double)h->gpu.l2_bytes);
-    cJSON_AddNumberToObject(g, "mem_bytes", (double)h->gpu.mem_bytes);
-    cJSON_AddStringToObject(g, "driver", h->gpu.driver);
-    cJSON_AddStringToObject(g, "runtime", h->gpu.runtime);
+    mvj_set_string(g, "compute_capability", cc);
+    mvj_set_number(g, "l2_bytes", (double)h->gpu.l2_bytes);
+    mvj_set_number(g, "mem_bytes", (double)h->gpu.mem_bytes);
+    mvj_set_string(g, "driver", h->gpu.driver);
+    mvj_set_string(g, "runtime", h->gpu.runtime);
     h->do_timing = !h->checks_only;
     if (!h->do_timing) {
         if (!h->summary) printf("GPU: %s (%d SMs); --checks-only: no ceilings, no timing\n", h->gpu.name, h->gpu.sm_count);
@@ -150,11 +149,11 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
     }
 #if MV_HAVE_CUDA
     measure_ceilings(&h->ceil, h->quick);
-    cJSON *c = cJSON_AddObjectToObject(h->json, "ceilings");
-    cJSON_AddNumberToObject(c, "copy_gbs", h->ceil.copy_gbs);
-    cJSON_AddNumberToObject(c, "copy_bytes", (double)h->ceil.copy_bytes);
-    cJSON_AddNumberToObject(c, "gemm_tflops", h->ceil.gemm_tflops);
-    cJSON_AddNumberToObject(c, "gemm_n", h->ceil.gemm_n);
+    mv_json_t *c = mvj_set_object(h->json, "ceilings");
+    mvj_set_number(c, "copy_gbs", h->ceil.copy_gbs);
+    mvj_set_number(c, "copy_bytes", (double)h->ceil.copy_bytes);
+    mvj_set_number(c, "gemm_tflops", h->ceil.gemm_tflops);
+    mvj_set_number(c, "gemm_n", h->ceil.gemm_n);
     if (!h->summary)
         printf("GPU: %s (%d SMs, L2 %.0f MB), measured copy %.0f GB/s (read+write), bf16 GEMM %.0f "
                "TFLOP/s (%d^3)\n",
@@ -185,20 +184,20 @@ void harness_begin_host(harness_t *h, const char *chapter, const char *title, in
     size_t len = 0;
     for (int i = 0; i < argc && len < sizeof h->command; i++)
         len += (size_t)snprintf(h->command + len, sizeof h->command - len, "%s%s", i ? " " : "", argv[i]);
-    cJSON_ReplaceItemInObject(h->json, "command", cJSON_CreateString(h->command));
-    cJSON_AddBoolToObject(h->json, "host_only", 1);
+    mvj_set_string(h->json, "command", h->command);
+    mvj_set_bool(h->json, "host_only", 1);
 }
 
 void harness_section(harness_t *h, const char *title) {
     if (!h->summary) printf("\n== %s\n", title);
 }
 
-static cJSON *tol_json(tolerance_t tol) {
-    cJSON *t = cJSON_CreateObject();
-    cJSON_AddNumberToObject(t, "atol", tol.atol);
-    cJSON_AddNumberToObject(t, "rtol", tol.rtol);
-    cJSON_AddNumberToObject(t, "max_nmse", tol.max_nmse);
-    cJSON_AddStringToObject(t, "reason", tol.reason ? tol.reason : "");
+static mv_json_t *tol_json(tolerance_t tol) {
+    mv_json_t *t = mvj_object();
+    mvj_set_number(t, "atol", tol.atol);
+    mvj_set_number(t, "rtol", tol.rtol);
+    mvj_set_number(t, "max_nmse", tol.max_nmse);
+    mvj_set_string(t, "reason", tol.reason ? tol.reason : "");
     return t;
 }
 
@@ -206,21 +205,21 @@ int harness_check(harness_t *h, const char *side, const char *case_name, const c
                   const char *shape, compare_result_t r, tolerance_t tol) {
     h->n_checks++;
     if (!r.pass) h->n_failed++;
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "side", side);
-    cJSON_AddStringToObject(c, "case", case_name);
-    cJSON_AddStringToObject(c, "version", version);
-    cJSON_AddStringToObject(c, "shape", shape);
-    cJSON_AddBoolToObject(c, "pass", r.pass);
-    cJSON_AddNumberToObject(c, "n", (double)r.n);
-    cJSON_AddNumberToObject(c, "n_bad", (double)r.n_bad);
-    cJSON_AddNumberToObject(c, "n_nonfinite", (double)r.n_nonfinite);
-    cJSON_AddNumberToObject(c, "n_unwritten", (double)r.n_unwritten);
-    cJSON_AddNumberToObject(c, "max_abs", r.max_abs);
-    cJSON_AddNumberToObject(c, "max_rel", r.max_rel);
-    cJSON_AddNumberToObject(c, "nmse", r.nmse);
-    cJSON_AddItemToObject(c, "tolerance", tol_json(tol));
-    cJSON_AddItemToArray(h->checks, c);
+    mv_json_t *c = mvj_object();
+    mvj_set_string(c, "side", side);
+    mvj_set_string(c, "case", case_name);
+    mvj_set_string(c, "version", version);
+    mvj_set_string(c, "shape", shape);
+    mvj_set_bool(c, "pass", r.pass);
+    mvj_set_number(c, "n", (double)r.n);
+    mvj_set_number(c, "n_bad", (double)r.n_bad);
+    mvj_set_number(c, "n_nonfinite", (double)r.n_nonfinite);
+    mvj_set_number(c, "n_unwritten", (double)r.n_unwritten);
+    mvj_set_number(c, "max_abs", r.max_abs);
+    mvj_set_number(c, "max_rel", r.max_rel);
+    mvj_set_number(c, "nmse", r.nmse);
+    mvj_set(c, "tolerance", tol_json(tol));
+    mvj_push(h->checks, c);
     if (!h->summary || !r.pass)
         printf("  %s %-3s %-14s %-26s %-28s max_abs %.2e max_rel %.2e nmse %.2e\n",
                r.pass ? "PASS" : "FAIL", side, case_name, version, shape, r.max_abs, r.max_rel,
@@ -232,13 +231,13 @@ int harness_check_bool(harness_t *h, const char *side, const char *case_name, co
                        int pass, const char *detail) {
     h->n_checks++;
     if (!pass) h->n_failed++;
-    cJSON *c = cJSON_CreateObject();
-    cJSON_AddStringToObject(c, "side", side);
-    cJSON_AddStringToObject(c, "case", case_name);
-    cJSON_AddStringToObject(c, "version", what);
-    cJSON_AddBoolToObject(c, "pass", pass);
-    cJSON_AddStringToObject(c, "detail", detail ? detail : "");
-    cJSON_AddItemToArray(h->checks, c);
+    mv_json_t *c = mvj_object();
+    mvj_set_string(c, "side", side);
+    mvj_set_string(c, "case", case_name);
+    mvj_set_string(c, "version", what);
+    mvj_set_bool(c, "pass", pass);
+    mvj_set_string(c, "detail", detail ? detail : "");
+    mvj_push(h->checks, c);
     if (!h->summary || !pass)
         printf("  %s %-3s %-14s %-26s %s\n", pass ? "PASS" : "FAIL", side, case_name, what,
                detail ? detail : "");
@@ -248,13 +247,13 @@ int harness_check_bool(harness_t *h, const char *side, const char *case_name, co
 void harness_timing(harness_t *h, const char *case_name, const char *version, const char *shape,
                     double ms, double bytes, double flops, double target_pct_copy) {
     h->n_timings++;
-    cJSON *t = cJSON_CreateObject();
-    cJSON_AddStringToObject(t, "case", case_name);
-    cJSON_AddStringToObject(t, "version", version);
-    cJSON_AddStringToObject(t, "shape", shape);
-    cJSON_AddNumberToObject(t, "ms", ms);
-    cJSON_AddNumberToObject(t, "bytes", bytes);
-    cJSON_AddNumberToObject(t, "flops", flops);
+    mv_json_t *t = mvj_object();
+    mvj_set_string(t, "case", case_name);
+    mvj_set_string(t, "version", version);
+    mvj_set_string(t, "shape", shape);
+    mvj_set_number(t, "ms", ms);
+    mvj_set_number(t, "bytes", bytes);
+    mvj_set_number(t, "flops", flops);
     double s = ms * 1e-3;
     double gbs = bytes > 0 ? bytes / s / 1e9 : 0, tflops = flops > 0 ? flops / s / 1e12 : 0;
     double pct_copy = 0, pct_gemm = 0;
@@ -263,17 +262,17 @@ void harness_timing(harness_t *h, const char *case_name, const char *version, co
     if (h->ceil.gemm_tflops > 0) pct_gemm = 100.0 * tflops / h->ceil.gemm_tflops;
 #endif
     if (bytes > 0) {
-        cJSON_AddNumberToObject(t, "gbs", gbs);
-        cJSON_AddNumberToObject(t, "pct_copy", pct_copy);
+        mvj_set_number(t, "gbs", gbs);
+        mvj_set_number(t, "pct_copy", pct_copy);
     }
     if (flops > 0) {
-        cJSON_AddNumberToObject(t, "tflops", tflops);
-        cJSON_AddNumberToObject(t, "pct_gemm", pct_gemm);
+        mvj_set_number(t, "tflops", tflops);
+        mvj_set_number(t, "pct_gemm", pct_gemm);
     }
     if (target_pct_copy > 0) {
         int met = pct_copy >= target_pct_copy;
-        cJSON_AddNumberToObject(t, "target_pct_copy", target_pct_copy);
-        cJSON_AddBoolToObject(t, "target_met", met);
+        mvj_set_number(t, "target_pct_copy", target_pct_copy);
+        mvj_set_bool(t, "target_met", met);
         if (!met) h->n_slow++;
         if (pct_copy > h->best_pct) {
             h->best_pct = pct_copy;
@@ -281,7 +280,7 @@ void harness_timing(harness_t *h, const char *case_name, const char *version, co
                      version, gbs, pct_copy, shape);
         }
     }
-    cJSON_AddItemToArray(h->timings, t);
+    mvj_push(h->timings, t);
     if (!h->summary) {
         char flops_txt[48] = "";
         if (flops > 0) snprintf(flops_txt, sizeof flops_txt, " %8.1f TFLOP/s (%3.0f%%)", tflops, pct_gemm);
@@ -293,25 +292,21 @@ void harness_timing(harness_t *h, const char *case_name, const char *version, co
 
 int harness_end(harness_t *h) {
     int failed = h->n_failed > 0 || (h->require_speed && h->n_slow > 0);
-    cJSON_AddNumberToObject(h->json, "n_checks", h->n_checks);
-    cJSON_AddNumberToObject(h->json, "n_failed", h->n_failed);
-    cJSON_AddNumberToObject(h->json, "n_below_target", h->n_slow);
-    cJSON_AddBoolToObject(h->json, "passed", h->n_failed == 0);
+    mvj_set_number(h->json, "n_checks", h->n_checks);
+    mvj_set_number(h->json, "n_failed", h->n_failed);
+    mvj_set_number(h->json, "n_below_target", h->n_slow);
+    mvj_set_bool(h->json, "passed", h->n_failed == 0);
     if (h->json_path) {
-        char *text = cJSON_Print(h->json);
         FILE *f = fopen(h->json_path, "w");
         IO_CHECK(f != NULL, h->json_path);
-        IO_CHECK(fputs(text, f) >= 0 && fputc('\n', f) != EOF, h->json_path);
+        IO_CHECK(mvj_write(h->json, f) == 0, h->json_path);
         IO_CHECK(fclose(f) == 0, h->json_path);
-        free(text);
     }
     char status[64];
     snprintf(status, sizeof status, "%s", h->n_failed ? "FAIL" : "PASS");
     if (h->summary) {
         printf("%-16s %s  %d/%d checks", h->chapter, status, h->n_checks - h->n_failed, h->n_checks);
-        if (h->gpu_note) {
-            printf("  (CPU reference only: %s)", h->gpu_note);
-        } else if (h->use_gpu) {
+        if (h->use_gpu) {
             printf("  on %s", h->gpu.name);
             if (h->best_line[0]) printf("; fastest: %s", h->best_line);
         } else if (h->host_only) {
@@ -328,7 +323,7 @@ int harness_end(harness_t *h) {
         if (!h->use_gpu && !h->host_only) printf("; GPU half skipped: %s", h->gpu.why_not);
         printf("\n");
     }
-    cJSON_Delete(h->json);
+    mvj_free(h->json);
     h->json = NULL;
     return failed ? 1 : 0;
 }

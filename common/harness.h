@@ -28,12 +28,12 @@
 
 #include "common/compare.h"
 #include "common/gpu.h"
+#include "common/json_writer.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct cJSON cJSON;
 
 typedef struct {
     const char *chapter;   // "01-activation"
@@ -51,13 +51,12 @@ typedef struct {
     ceilings_t ceil;
 #endif
     // results
-    cJSON *json, *checks, *timings;
+    mv_json_t *json, *checks, *timings;  // the --json record (common/json_writer.h)
     int n_checks, n_failed, n_timings, n_slow;
     double best_pct;       // best % of copy bandwidth among targeted timings
     char best_line[256];   // the timing behind best_pct, for the summary
     // host-only chapters (harness_begin_host)
     int host_only;         // 1: the chapter has no GPU half at all
-    const char *gpu_note;  // set by a chapter whose GPU half is not written yet: said in the summary
     const char *extra_usage;  // the chapter's own options, for --help
 } harness_t;
 

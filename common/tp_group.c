@@ -71,6 +71,25 @@ void tp_group_destroy(tp_group_t *g) {
 
 int tp_set_rank(const tp_group_t *g, int r) { return CUDA_TRY(cudaSetDevice(g->device[r])); }
 
+int tp_check_groups_init(tp_check_groups_t *s, int device_count) {
+    memset(s, 0, sizeof *s);
+    if (device_count >= 2 && MV_HAVE_NCCL) {
+        s->n = 1;
+        s->real = 1;
+        s->mode[0] = "nccl";
+        return tp_group_init(&s->group[0], device_count > TP_GROUP_MAX ? TP_GROUP_MAX : device_count);
+    }
+    s->n = 2;
+    s->mode[0] = "1gpu";
+    s->mode[1] = "2 shards on 1 gpu";
+    return tp_group_init_simulated(&s->group[0], 1) || tp_group_init_simulated(&s->group[1], 2) ? -1 : 0;
+}
+
+void tp_check_groups_destroy(tp_check_groups_t *s) {
+    for (int i = 0; i < s->n; i++) tp_group_destroy(&s->group[i]);
+    s->n = 0;
+}
+
 // All ranks on one GPU: rank 0 waits for the others, adds their buffers
 // into its own, and the others wait for rank 0 and copy the sum back.
 static int simulated_all_reduce(tp_group_t *g, bf16_t *const *bufs, size_t count) {

@@ -65,6 +65,21 @@ int tp_gather_bf16(tp_group_t *g, const bf16_t *const *send, bf16_t *recv, size_
 // Wait for every rank's stream.
 int tp_sync(tp_group_t *g);
 
+// The groups a chapter checks its tensor-parallel code on (chapters 03 and
+// 04). With two or more GPUs and NCCL: one real group over every visible GPU
+// (at most TP_GROUP_MAX). Otherwise two groups on GPU 0, tp = 1 and a
+// simulated tp = 2, so the sharded arithmetic is checked on one GPU too.
+typedef struct {
+    int n;                 // groups in use: 1 (real) or 2 (on GPU 0)
+    int real;              // 1: group[0] is the real group, over NCCL
+    tp_group_t group[2];
+    const char *mode[2];   // each group's name in the check labels: "nccl", "1gpu", "2 shards on 1 gpu"
+} tp_check_groups_t;
+
+// device_count: the GPUs visible (gpu_info_t's device_count).
+int tp_check_groups_init(tp_check_groups_t *s, int device_count);
+void tp_check_groups_destroy(tp_check_groups_t *s);
+
 // Median time in ms of `fn` (work enqueued on every rank, e.g. a
 // collective), measured with events on rank 0's stream after all ranks are
 // idle; `warmup` untimed runs first. Dies if a run fails.

@@ -1,5 +1,7 @@
 /*
- * kernels/linear.cu - cuBLAS GEMM for linear layers and the bias add (see linear.h).
+ * kernels/linear.cu - linear layers: cuBLAS GEMM (version 1), a small-M GEMV
+ * of our own (version 2), the dispatch between them, and the bias add (see
+ * linear.h).
  *
  * Napkin math, Qwen3-0.6B gate_up (N = 6144, K = 1024): the weight is
  * 12.6 MB. At M = 1 (one decode token) the layer does 12.6 MFLOP and must
@@ -7,6 +9,31 @@
  * M = 4096 it does 51.5 GFLOP over ~71 MB: compute-bound, ~65 us at 790
  * TFLOP/s. The crossover is near M = 200 (the measured ceilings, ~790
  * TFLOP/s over ~4.2 TB/s, give ~190 FLOP per byte on an H200).
+ *
+ * Below the crossover the weight must be read once, whatever M is, so the
+ * floor is bytes / bandwidth. Bytes = 2 * (N*K + M*K + M*N) (bf16: W and x
+ * read once, y written once); at M = 1, and at 85% of the ~4.3 TB/s copy
+ * bandwidth (3.65 TB/s):
+ *
+ *   projection     N      K     bytes      floor at 85%
+ *   qkv_proj       4096   1024   8.40 MB   2.30 us
+ *   o_proj         1024   2048   4.20 MB   1.15 us
+ *   gate_up_proj   6144   1024  12.60 MB   3.45 us
+ *   down_proj      1024   3072   6.30 MB   1.72 us
+ *   one layer                   31.50 MB   8.62 us
+ *
+ * (at M = 8 the bytes grow by under 1%). Every launch also pays a fixed
+ * ~2 us: the launch itself, the first loads' DRAM latency (most of 1 us
+ * before any byte arrives) and the tail of the last blocks. For these shapes that fixed
+ * cost is as large as the streaming: the GEMV is predicted at ~4.3, 3.2,
+ * 5.5 and 3.7 us, ~17 us per layer, against the ~36 us measured for cuBLAS
+ * on one H200 by Nsight in a decode step (13.7 + 6.3 + 6.3 + 6.0 us and a
+ * 3.3 us split-K reduce): about 0.5 ms less per 28-layer decode step.
+ * cuBLAS's small-M path is slow for two reasons: a GEMM kernel's tile is
+ * typically 64-256 output rows by 64-256 tokens, so at M = 1 nearly all of
+ * each tile is padding and too few tiles (CTAs) exist to keep 132 SMs' loads
+ * in flight; and it adds launches (the split-K reduce), each with its fixed
+ * cost.
  */
 #include "kernels/linear.h"
 
@@ -35,12 +62,17 @@ static unsigned grid_for(long long n) {
     return (unsigned)(blocks < cap ? (blocks > 0 ? blocks : 1) : cap);
 }
 
-extern "C" int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
-                           const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream) {
-    if (linear_validate(M, N, K)) return -1;
-    if (M == 0) return 0;
+// ---- version 1: cuBLAS ------------------------------------------------------------------
+
+static int linear_cublas(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+                         const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream) {
     if (!handle || !d_out || !d_x || !d_W) return mv_error("linear_cuda: null handle or pointer");
-    cublasStatus_t st = cublasSetStream(handle, stream);
+    // The stream is set only when it changes: cublasSetStream also puts the
+    // handle back on cuBLAS's default workspace pool, which would drop a
+    // workspace the caller gave it (the engine owns one: cublasSetWorkspace).
+    cudaStream_t current = NULL;
+    cublasStatus_t st = cublasGetStream(handle, &current);
+    if (st == CUBLAS_STATUS_SUCCESS && current != stream) st = cublasSetStream(handle, stream);
     if (st != CUBLAS_STATUS_SUCCESS) return mv_error("linear_cuda: cublasSetStream: %s", cublasGetStatusName(st));
     const float alpha = 1.0f, beta = 0.0f;
     if (!d_bias) {
@@ -54,10 +86,10 @@ extern "C" int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d
     }
     // With a bias the sum x W^T + b must be rounded to bf16 once: x W^T can
     // be much larger than the result, and rounding it first costs up to half
-    // an ulp of x W^T. Measured on an H200 (chapter 03, run 6): a bf16-output
-    // GEMM with beta = 1 over the broadcast bias gave the very same errors as
-    // adding the bias afterwards, so cuBLAS rounds the product before adding
-    // C. Here the GEMM writes fp32 into a stream-ordered workspace, and one
+    // an ulp of x W^T. Measured on an H200 by chapter 03's bias cases: a
+    // bf16-output GEMM with beta = 1 over the broadcast bias gave the very
+    // same errors as adding the bias afterwards, so cuBLAS rounds the product
+    // before adding C. Here the GEMM writes fp32 into a stream-ordered workspace, and one
     // kernel adds the bias and rounds.
     float *acc = NULL;
     size_t bytes = (size_t)M * N * sizeof(float);
@@ -73,6 +105,271 @@ extern "C" int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d
     int rc = CUDA_TRY(cudaGetLastError());
     if (CUDA_TRY(cudaFreeAsync(acc, stream))) return -1;
     return rc;
+}
+
+// ---- version 2: the small-M GEMV --------------------------------------------------------
+//
+// y[m][n] = sum_k x[m][k] W[n][k] (+ b[n]) for M <= 16 tokens, built so that
+// every byte of W is read from HBM once, 16 bytes per load, with as many
+// loads in flight as the SM can hold.
+//
+// Work split. A row of W is cut into 16-byte chunks (8 bf16), and 32
+// consecutive chunks make a slab: 512 bytes, which one warp reads with one
+// coalesced load instruction (lane l takes chunk l). A warp owns
+// GEMV_ROWS = 2 neighbouring rows. `ks` warps, a group, share those rows,
+// and the slabs of a row are dealt to them round-robin (warp s of the group
+// takes slabs s, s + ks, s + 2 ks, ...). Each warp issues the loads of
+// GEMV_U = 4 of its slabs for both rows (8 loads of 16 bytes per lane, 4 KB
+// per warp) before it does any arithmetic; then, for each chunk, it reads
+// the M tokens' 16 bytes of x (through L1: every warp of the SM reads the
+// same few KB of x, so after the first warp they are L1 hits) and does
+// 8 * M fp32 FMAs per row. The loads of W are marked read-only and
+// L1::no_allocate: W is streamed once and must not evict x from L1.
+//
+// ks depends on K only: the smallest power of 2 (at most 8) with which one
+// batch of GEMV_U slabs covers a warp's share of the row. So a row's sum is
+// always taken in the same order, whatever N and M are: y[m][n] has the
+// same bits at any batch size up to 16 and any N (batch-invariant decode;
+// chapter 03 checks it).
+//
+// The sums. Each lane accumulates its chunks' products per (row, token) in
+// fp32 registers (2 x M of them); a warp-shuffle tree adds the 32 lanes;
+// lane 0 puts the warp's 2 x M sums in shared memory, and after one barrier
+// each thread of the block adds one output's ks warp sums in warp order,
+// adds the bias in fp32 and rounds to bf16 once. Neighbouring threads store
+// neighbouring elements of y.
+//
+// Occupancy (H200, 132 SMs, M = 1): groups per block start at 8 / ks (256
+// threads) and are halved while the grid has fewer than 2 blocks per SM, so
+// small N still spreads over every SM:
+//   qkv_proj  N=4096 K=1024: ks=1, 512 blocks of 4 warps, 15.5 warps/SM
+//   o_proj    N=1024 K=2048: ks=2, 512 blocks of 2 warps,  7.8 warps/SM
+//   gate_up   N=6144 K=1024: ks=1, 384 blocks of 8 warps, 23 warps/SM
+//   down_proj N=1024 K=3072: ks=4, 512 blocks of 4 warps, 15.5 warps/SM
+// With 8 loads (6 for down_proj) of 16 bytes per lane, that is 31-93 KB in
+// flight per SM: each SM's whole share of the weight is requested at once,
+// more than the ~25 KB per SM that Little's law asks for (4.3 TB/s x ~0.8 us
+// of DRAM latency / 132 SMs). No split-K across blocks is needed: N = 1024
+// rows are 512 row pairs, ~4 per SM, and the K split inside a group gives
+// the warps.
+//
+// Instruction issue, the limit as M grows: per 16-byte chunk of a row a lane
+// issues 1 load and ~8 unpacking operations for W, and per token 8 FMAs plus
+// half of (1 load + ~8 unpacking operations) for x (shared by 2 rows), plus
+// its share of the shuffle tree: about 9 + 15 M instructions per 16 bytes.
+// An H200 issues ~33e12 lane-instructions/s (132 SMs x 128 x 1.98 GHz), so
+// the weight can stream at most at ~22 TB/s at M = 1, ~8 at M = 4, ~4 at
+// M = 8 (as fast as HBM: the GEMV should still be near its floor) and ~2 at
+// M = 16 (issue-bound, ~1.7x the floor). Measured (chapter 03's small-M
+// table), the crossover comes earlier on the wide projections: linear.h's
+// LINEAR_GEMV_AUTO_* constants hold it.
+
+#define GEMV_ROWS 2       // output rows per warp
+#define GEMV_U 4          // slabs per row that a warp loads before it computes
+#define GEMV_MAX_WARPS 8  // warps per block
+
+// 16 bytes of W, loaded once and never again: the read-only path (.nc), and
+// no L1 allocation. Not volatile: the compiler may schedule these loads as
+// early as it likes, which is the point.
+__device__ __forceinline__ uint4 load_weight_stream(const uint4 *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// 8 bf16 (one 16-byte vector) to fp32, exactly: a bf16 is the top half of
+// an fp32. Element 2i is the low half of word i (little-endian).
+__device__ __forceinline__ void bf16x8_to_float(uint4 v, float f[8]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// MT: the number of tokens, a template parameter so that the accumulators
+// are a register array indexed by constants only (a run-time index would put
+// them in local memory). blockDim.x = 32 * ks * groups.
+// No __launch_bounds__: with (256) ptxas capped M = 6 and 7 at 80 registers
+// and spilled; without it, 58 (M = 1) to 130 (M = 16) registers and no
+// spills (nvcc 13.0, sm_90: -Xptxas -v). 58 registers leave room for 32
+// warps per SM, more than any Qwen3-0.6B shape launches at M = 1.
+template <int MT>
+__global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
+                                   const bf16 *__restrict__ bias, int N, int K, int ks) {
+    constexpr int R = GEMV_ROWS;
+    static_assert(R * MT <= 32, "the final sums need one thread per output among a group's 32 * ks threads");
+    __shared__ float partial[GEMV_MAX_WARPS][R * MT];  // each warp's sums, [warp][r * MT + m]
+
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int group = warp / ks, slice = warp % ks;
+    const int rows_per_block = (int)(blockDim.x / 32) / ks * R;
+    const long long row0 = (long long)blockIdx.x * rows_per_block;  // the block's first row
+    const int kc = K / 8;                                           // 16-byte chunks per row
+    const uint4 *xv = reinterpret_cast<const uint4 *>(x);           // [M, kc]
+    const uint4 *wrow[R];                                           // this warp's rows of W
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        // Past the last row (odd N, the last block), read row N - 1 again
+        // and drop the result: no branch in the loop below.
+        long long n = row0 + group * R + r;
+        wrow[r] = reinterpret_cast<const uint4 *>(W) + (n < N ? n : N - 1) * kc;
+    }
+
+    float acc[R][MT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
+
+    for (int slab = slice; slab * 32 < kc; slab += GEMV_U * ks) {
+        // Every load of this batch first (2 rows x GEMV_U chunks per lane)...
+        uint4 w[GEMV_U][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            const int c = (slab + u * ks) * 32 + lane;
+#pragma unroll
+            for (int r = 0; r < R; r++) w[u][r] = c < kc ? load_weight_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+        // ...then the arithmetic, as the loads arrive.
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            const int c = (slab + u * ks) * 32 + lane;
+            if (c >= kc) continue;  // past the end of the row (a short last slab)
+            float wf[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) bf16x8_to_float(w[u][r], wf[r]);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                float xf[8];
+                bf16x8_to_float(__ldg(xv + (long long)m * kc + c), xf);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+            }
+        }
+    }
+
+    // The 32 lanes' sums, then the ks warps' sums of a group, in a fixed order.
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) acc[r][m] = warp_sum(acc[r][m]);
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) partial[warp][r * MT + m] = acc[r][m];
+    __syncthreads();
+    // Thread t writes token m = t / rows_per_block, row j = t % rows_per_block
+    // of the block: neighbouring threads store neighbouring bf16 of y's row m.
+    const int t = threadIdx.x;
+    if (t < rows_per_block * MT) {
+        const int m = t / rows_per_block, j = t % rows_per_block;
+        const long long n = row0 + j;
+        if (n < N) {
+            const int g = j / R, r = j % R;
+            float s = 0.0f;
+            for (int q = 0; q < ks; q++) s += partial[g * ks + q][r * MT + m];
+            if (bias) s += __bfloat162float(bias[n]);
+            out[(long long)m * N + n] = __float2bfloat16(s);
+        }
+    }
+}
+
+typedef void (*gemv_kernel_fn)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int);
+
+// linear_gemv_kernel<M> for M = 1..LINEAR_GEMV_MAX_M, indexed by M - 1.
+static const gemv_kernel_fn GEMV_KERNELS[LINEAR_GEMV_MAX_M] = {
+    linear_gemv_kernel<1>,  linear_gemv_kernel<2>,  linear_gemv_kernel<3>,  linear_gemv_kernel<4>,
+    linear_gemv_kernel<5>,  linear_gemv_kernel<6>,  linear_gemv_kernel<7>,  linear_gemv_kernel<8>,
+    linear_gemv_kernel<9>,  linear_gemv_kernel<10>, linear_gemv_kernel<11>, linear_gemv_kernel<12>,
+    linear_gemv_kernel<13>, linear_gemv_kernel<14>, linear_gemv_kernel<15>, linear_gemv_kernel<16>,
+};
+
+// Warps that share a row (see above): one batch of GEMV_U slabs per warp
+// covers the row, with at most GEMV_MAX_WARPS warps (longer rows loop).
+static int gemv_k_split(int K) {
+    const int slabs = (K / 8 + 31) / 32;
+    int ks = 1;
+    while (ks < GEMV_MAX_WARPS && ks * GEMV_U < slabs) ks *= 2;
+    return ks;
+}
+
+static long long gemv_blocks(int N, int groups) {
+    const long long rows = (long long)groups * GEMV_ROWS;
+    return (N + rows - 1) / rows;
+}
+
+static unsigned long gemv_misalignment(const void *p) { return (unsigned long)((uintptr_t)p % 16); }
+
+extern "C" int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K) {
+    return M >= 1 && M <= LINEAR_GEMV_MAX_M && K >= 8 && K % 8 == 0 && d_x && d_W && mv_aligned(d_x, 16) &&
+           mv_aligned(d_W, 16);
+}
+
+static int linear_gemv(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias, int M, int N,
+                       int K, cudaStream_t stream) {
+    if (!d_out || !d_x || !d_W) return mv_error("linear_gemv: null pointer");
+    if (M > LINEAR_GEMV_MAX_M)
+        return mv_error("linear_gemv: M = %d tokens is more than the GEMV takes (%d); version 1 (cuBLAS) takes any M",
+                        M, LINEAR_GEMV_MAX_M);
+    if (K % 8)
+        return mv_error("linear_gemv: K = %d is not a multiple of 8: each row of W and x must be whole 16-byte "
+                        "vectors (8 bf16)", K);
+    if (!mv_aligned(d_W, 16))
+        return mv_error("linear_gemv: W (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_W,
+                        gemv_misalignment(d_W));
+    if (!mv_aligned(d_x, 16))
+        return mv_error("linear_gemv: x (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_x,
+                        gemv_misalignment(d_x));
+    const int ks = gemv_k_split(K);
+    int groups = GEMV_MAX_WARPS / ks;
+    while (groups > 1 && gemv_blocks(N, groups) < 2LL * mv_num_sms()) groups /= 2;
+    GEMV_KERNELS[M - 1]<<<(unsigned)gemv_blocks(N, groups), 32 * ks * groups, 0, stream>>>(
+        (bf16 *)d_out, (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, N, K, ks);
+    return CUDA_TRY(cudaGetLastError());
+}
+
+// ---- the dispatch ------------------------------------------------------------------------
+
+extern "C" const char *linear_version_name(int version) {
+    switch (version) {
+    case LINEAR_AUTO: return "auto";
+    case LINEAR_CUBLAS: return "v1-cublas";
+    case LINEAR_GEMV: return "v2-gemv";
+    default: return NULL;
+    }
+}
+
+extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
+    const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
+    return M <= max_m && linear_gemv_applies(d_x, d_W, M, K) ? LINEAR_GEMV : LINEAR_CUBLAS;
+}
+
+extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x,
+                                   const bf16_t *d_W, const bf16_t *d_bias, int M, int N, int K,
+                                   cudaStream_t stream) {
+    if (version < LINEAR_AUTO || version > LINEAR_NUM_VERSIONS)
+        return mv_error("linear_cuda_version: unknown version %d (0 = auto, 1..%d)", version, LINEAR_NUM_VERSIONS);
+    if (linear_validate(M, N, K)) return -1;
+    if (M == 0) return 0;
+    if (version == LINEAR_AUTO) {
+        // The caller must be ready for either version, so auto wants the handle too.
+        if (!handle) return mv_error("linear_cuda: null cuBLAS handle");
+        version = linear_auto_version(d_x, d_W, M, N, K);
+    }
+    if (version == LINEAR_GEMV) return linear_gemv(d_out, d_x, d_W, d_bias, M, N, K, stream);
+    return linear_cublas(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);
+}
+
+extern "C" int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+                           const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream) {
+    return linear_cuda_version(LINEAR_AUTO, handle, d_out, d_x, d_W, d_bias, M, N, K, stream);
 }
 
 extern "C" int add_bias_cuda(bf16_t *d_out, const bf16_t *d_bias, int M, int N, cudaStream_t stream) {

@@ -1,18 +1,32 @@
 /*
  * kernels/linear.h - linear layers on the GPU, callable from C.
  *
- *   linear_cuda:   out [M, N] bf16 = x [M, K] bf16 @ W [N, K]^T (+ bias [N])
- *                  through cuBLAS: bf16 inputs, fp32 accumulation, bf16 output.
- *                  With a bias the sum is rounded to bf16 once (the GEMM
- *                  writes fp32 to a stream-ordered workspace; one kernel adds
- *                  the bias and rounds).
+ *   linear_cuda:   out [M, N] bf16 = x [M, K] bf16 @ W [N, K]^T (+ bias [N]),
+ *                  bf16 inputs, fp32 accumulation, bf16 output; with a bias
+ *                  the sum is rounded to bf16 once. The engine's entry point:
+ *                  it picks the version below (LINEAR_AUTO).
+ *   linear_cuda_version: the same, with the version forced (chapter 03 checks
+ *                  and times each one).
  *   add_bias_cuda: out [M, N] += bias [N] (row-parallel layers with tp > 1 add
  *                  it once, after the all-reduce).
+ *
+ * Versions:
+ *   1  cuBLAS: cublasGemmEx, any shape. With a bias the GEMM writes fp32 to
+ *      a stream-ordered workspace and one kernel adds the bias and rounds.
+ *   2  GEMV for small M (decode): our own kernel, which streams each weight
+ *      row from HBM exactly once with 16-byte loads and keeps the M <= 16
+ *      tokens' sums in registers. Needs K % 8 == 0 and 16-byte aligned x
+ *      and W (every row then starts on 16 bytes); any other shape is refused
+ *      with an error naming the value.
+ *   LINEAR_AUTO (0): version 2 where it measured faster (M <= 2, or M <= 8
+ *      with N <= 2048: linear_auto_version) and the shape and pointers
+ *      allow it, version 1 otherwise.
  *
  * W is stored as Hugging Face stores it, [out_features, in_features]
  * row-major. cuBLAS is column-major, so the row-major product
  * out = x W^T is computed as the column-major out^T = W x^T: cuBLAS sees W
- * as a K x N column-major matrix and transposes it (CUBLAS_OP_T).
+ * as a K x N column-major matrix and transposes it (CUBLAS_OP_T). The GEMV
+ * reads W as it is stored: one dot product of length K per output.
  * The CPU reference is linear_cpu() in reference/linear.h.
  */
 #ifndef MV_KERNELS_LINEAR_H
@@ -28,8 +42,42 @@
 extern "C" {
 #endif
 
+#define LINEAR_AUTO 0    // linear_cuda's own choice
+#define LINEAR_CUBLAS 1  // version 1
+#define LINEAR_GEMV 2    // version 2
+#define LINEAR_NUM_VERSIONS 2
+
+// The most tokens the GEMV takes: its per-token sums live in registers, one
+// set per M (a template instantiation each, M = 1..16).
+#define LINEAR_GEMV_MAX_M 16
+// Where linear_cuda picks the GEMV, from chapter 03's small-M table (one
+// H200, Qwen3-0.6B's projections, 16 launches in a CUDA graph): it is faster
+// than cuBLAS at M <= 2 on every shape (1.05x to 2.9x), and up to M = 8 only
+// on the narrow ones (N = 1024: o_proj 1.1-2.9x, down_proj 1.3-1.8x). On the
+// wide ones (N = 4096, 6144) cuBLAS wins from M = 4 (0.97x and 0.74x there).
+#define LINEAR_GEMV_AUTO_MAX_M 2         // any N
+#define LINEAR_GEMV_AUTO_MAX_M_NARROW 8  // N <= LINEAR_GEMV_NARROW_N
+#define LINEAR_GEMV_NARROW_N 2048
+
+// "auto", "v1-cublas", "v2-gemv"; NULL for an unknown version.
+const char *linear_version_name(int version);
+
 int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
                 const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream);
+
+// version: LINEAR_AUTO, LINEAR_CUBLAS or LINEAR_GEMV. The handle may be NULL
+// for LINEAR_GEMV.
+int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x,
+                        const bf16_t *d_W, const bf16_t *d_bias, int M, int N, int K,
+                        cudaStream_t stream);
+
+// 1 when the GEMV takes this shape and these pointers (1 <= M <=
+// LINEAR_GEMV_MAX_M, K % 8 == 0, x and W 16-byte aligned), else 0. Records
+// no error.
+int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
+
+// The version linear_cuda runs for these arguments: LINEAR_GEMV or LINEAR_CUBLAS.
+int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
 
 int add_bias_cuda(bf16_t *d_out, const bf16_t *d_bias, int M, int N, cudaStream_t stream);
 

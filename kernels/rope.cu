@@ -19,7 +19,6 @@
 
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
-#include "kernels/rope_bulk.cuh"
 #include "kernels/rope_fused.cuh"
 #include "reference/rmsnorm.h"
 
@@ -227,7 +226,7 @@ rope_kernel_v2(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const i
 // stride, is fixed per thread: the hot path has no division and no select.
 //
 // Why this shape (v2 held 4 heads of one token: 112 registers, 126 fused,
-// at most 16 warps per SM, 65% of copy):
+// at most 16 warps per SM, 70.7% of copy at T = 32768 on one H200):
 //  - TOK tokens of ONE head per thread (4 for Qwen3): the same 8 data loads
 //    of 16 bytes in flight per thread as v2, but a thread keeps one head's
 //    base pointer and, fused, one weight slice (loaded once, used 4 times).
@@ -281,7 +280,7 @@ __device__ __forceinline__ bf16_pack<VEC> pack_from(const float (&f)[VEC]) {
     return p;
 }
 
-extern __shared__ __align__(32) float rope_smem[];
+extern __shared__ __align__(32) float rope_smem[];  // [TZ * TOK, D] fp32: cos row then sin row per token
 
 // Register budget: 65536 per SM. The plain kernel fits 64 registers (4
 // tokens held: 32 for the data, the rest addresses and one token's cos/sin
@@ -293,7 +292,7 @@ extern __shared__ __align__(32) float rope_smem[];
 template <bool NORM>
 constexpr int rope_v3_max_threads() {
     return NORM ? 768 : 1024;
-}  // [TZ * TOK, D] fp32: cos row then sin row per token
+}
 
 template <int VEC, int LANES, int CACHE, int TOK, bool NORM>
 __global__ void __launch_bounds__(rope_v3_max_threads<NORM>())
@@ -420,8 +419,8 @@ rope_kernel_v3(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const i
 }
 
 // ---- version 4: the fused form with 2 tokens per thread and the head size fixed ----
-// Run 10 (H200): v3 plain made 88.8% of copy, v3 fused 75.8% in the QKV
-// rows. The fused thread does about twice the plain one's instructions per
+// On one H200 at T = 32768, version 3's plain form runs at 89.6% of copy,
+// its fused form at 75.4% in the QKV rows. The fused thread does about twice the plain one's instructions per
 // token (sum of squares, 3 shuffles, a division and rsqrt, 32 more
 // multiplies, the weights unpacked) with 79 registers: 4 blocks, 24 warps per
 // SM, and each warp's 4 tokens are worked through one after the other once
@@ -439,6 +438,10 @@ rope_kernel_v3(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const i
 //    full-precision fp32 division. Other head sizes take version 3's path.
 //  - Both tokens' sums of squares are taken before either reduction, so the
 //    two 3-shuffle reductions are independent and overlap.
+// Measured on one H200 (QKV rows, T = 32768): 125.2 us, 76.9% of copy,
+// against version 3's 75.4%; at T = 8192, 68.9% against 65.9%. So 30 warps
+// per SM instead of 24 bought little; version 6 (the sweep below) shows
+// what does.
 // The plain form is version 3's unchanged (it met its target: its 64
 // registers and 4 tokens per thread are what got it there).
 template <int VEC, int LANES, int TOK>
@@ -535,160 +538,6 @@ qk_norm_rope_kernel_v4(bf16 *q, long long q_stride, bf16 *k, long long k_stride,
         reinterpret_cast<vec_t *>(head + t * stride)[lane] = pack_from<VEC>(o1);
         reinterpret_cast<vec_t *>(head + t * stride + HALF)[lane] = pack_from<VEC>(o2);
     }
-}
-
-// ---- version 5: the fused form, persistent and software-pipelined ----------------
-// Run 11 (H200): v4 fused made 76.4% of copy in the QKV rows at T = 32768
-// (125.3 us; 85% is about 112 us), v3's 75.2%: 30 warps per SM instead of
-// 24 did not help. What both share: a thread loads its tokens, then waits,
-// then does the norm's arithmetic (sum of squares, 3 shuffles, rsqrt, the
-// weights), then stores, then its block ends; and the blocks are short-lived
-// (2-4 tokens, one __syncthreads for the cos/sin stage), so every SM pays a
-// block's start and drain every few tokens, during which its share of the
-// loads in flight drops. Version 5 keeps the loads in flight all the time:
-//  - Persistent: a fixed grid of ROPE_V5_BLOCKS_PER_SM blocks per SM (fewer
-//    when T is small). Each thread is bound to ONE (head, lane) for the
-//    kernel's whole life and walks tokens t = t0, t0 + stride, ... with
-//    stride = gridDim.x * blockDim.z; so its norm weights (VEC of each half,
-//    fp32) are loaded once into registers.
-//  - Software-pipelined: the loads of token t + DEPTH * stride (the two
-//    16-byte q/k vectors, the thread's VEC cos and VEC sin from the global
-//    cos/sin row: L1/L2 hits after the first of the token's 24 heads) go out
-//    BEFORE token t's reduction, rotation and stores. The registers form a
-//    ring of DEPTH + 1 slots (fully unrolled, so every slot index is a
-//    constant). A position is loaded one step before the cos/sin load that
-//    needs it, so the two dependent loads are never on the critical path
-//    together.
-//  - No shared memory, no __syncthreads: groups of LANES lanes share a token
-//    and leave the loop together, so group_inv_rms's shuffles stay whole.
-//  - The q/k traffic is streaming (read once, written once): loads and
-//    stores carry the evict-first hint (__ldcs/__stcs), so the cos/sin cache
-//    (21 MB for Qwen3's 40960 positions) has a better chance to stay in L2.
-// Head sizes other than D = 2 * VEC * LANES (one vector pair per lane) take
-// version 3's path, as in version 4.
-// Registers (nvcc 13.0, sm_90, D = 128): DEPTH 0 takes 80, DEPTH 1 115,
-// DEPTH 2 about 150, DEPTH 3 168 (all without spills when unbounded). A
-// register file of 4 x 16384 (one quarter per scheduler) gives 192-thread
-// blocks at 150-168 registers 3 warps per quarter: 2 blocks, 12 warps per
-// SM. With DEPTH = 2 a thread waiting for token t has t, t + step and
-// t + 2 step in flight: 12 warps x 32 lanes x 3 x 32 bytes of q/k = 36 KB
-// of DRAM reads per SM (docs/05-rope.md has the count).
-#ifndef ROPE_V5_DEPTH
-#define ROPE_V5_DEPTH 2  // tokens prefetched ahead of the one being worked on
-#endif
-#ifndef ROPE_V5_BLOCKS_PER_SM
-#define ROPE_V5_BLOCKS_PER_SM 2  // of 192 threads: <= 168 registers each
-#endif
-
-template <int VEC>
-__device__ __forceinline__ bf16_pack<VEC> load_stream(const bf16 *p) {
-    if constexpr (VEC == 8) {
-        const uint4 u = __ldcs(reinterpret_cast<const uint4 *>(p));
-        bf16_pack<8> r;
-        r.w[0] = u.x, r.w[1] = u.y, r.w[2] = u.z, r.w[3] = u.w;
-        return r;
-    } else {
-        return *reinterpret_cast<const bf16_pack<VEC> *>(p);
-    }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_stream(bf16 *p, const bf16_pack<VEC> &v) {
-    if constexpr (VEC == 8) {
-        __stcs(reinterpret_cast<uint4 *>(p), make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]));
-    } else {
-        *reinterpret_cast<bf16_pack<VEC> *>(p) = v;
-    }
-}
-
-template <int VEC, int LANES, int DEPTH>
-__global__ void __launch_bounds__(192, ROPE_V5_BLOCKS_PER_SM)
-qk_norm_rope_kernel_v5(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions,
-                       const float *cos_sin, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos,
-                       float eps) {
-    using vec_t = bf16_pack<VEC>;
-    using fvec_t = f32_vec<VEC>;
-    constexpr int D = 2 * VEC * LANES, HALF = D / 2, SLOTS = DEPTH + 1;
-    const int lane = threadIdx.x;
-    const int h = blockIdx.y * blockDim.y + threadIdx.y;
-    const long long step = (long long)gridDim.x * blockDim.z;  // tokens between a thread's two tokens
-
-    const int tid = threadIdx.x + LANES * (threadIdx.y + blockDim.y * threadIdx.z);
-    const unsigned mask = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((tid % 32) - lane));
-
-    const bool is_q = h < H;
-    bf16 *head = (is_q ? q + (long long)h * D : k + (long long)(h - H) * D) + lane * VEC;
-    const long long stride = is_q ? q_stride : k_stride;
-    const float *cs_base = cos_sin + lane * VEC;
-
-    // The weights of this (head, lane), once for the kernel's life, as fp32.
-    float wa[VEC], wb[VEC];
-    {
-        const bf16 *w = (is_q ? q_w : k_w) + lane * VEC;
-        const vec_t pa = *reinterpret_cast<const vec_t *>(w), pb = *reinterpret_cast<const vec_t *>(w + HALF);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) wa[e] = pack_get(pa, e), wb[e] = pack_get(pb, e);
-    }
-
-    // The ring: slot s holds one token's data and cos/sin.
-    vec_t x1[SLOTS], x2[SLOTS];
-    fvec_t cs[SLOTS], sn[SLOTS];
-    long long t = (long long)blockIdx.x * blockDim.z + threadIdx.z;  // the next token to work on
-    long long tl = t;                                                // the next token to load
-    int pos_next = tl < T ? positions[tl] : 0;                       // its position
-
-// Issue token tl's loads into slot S, and the position of the token after it.
-#define ROPE_V5_ISSUE(S)                                                                        \
-    do {                                                                                        \
-        const int pos = pos_next;                                                               \
-        const long long tn = tl + step;                                                         \
-        if (tn < T) pos_next = positions[tn];                                                   \
-        if (tl < T) {                                                                           \
-            check_position(pos, max_pos);                                                       \
-            x1[S] = load_stream<VEC>(head + tl * stride);                                       \
-            x2[S] = load_stream<VEC>(head + tl * stride + HALF);                                \
-            cs[S] = *reinterpret_cast<const fvec_t *>(cs_base + (long long)pos * D);            \
-            sn[S] = *reinterpret_cast<const fvec_t *>(cs_base + (long long)pos * D + HALF);     \
-        }                                                                                       \
-        tl = tn;                                                                                \
-    } while (0)
-
-    // Prologue: the first DEPTH tokens' loads.
-#pragma unroll
-    for (int s = 0; s < DEPTH; s++) ROPE_V5_ISSUE(s);
-
-#pragma unroll 1
-    for (;;) {
-#pragma unroll
-        for (int s = 0; s < SLOTS; s++) {
-            if (t >= T) return;  // the same for the whole group: its lanes leave together
-            // 1. Token t + DEPTH * step's loads go out first ...
-            ROPE_V5_ISSUE((s + DEPTH) % SLOTS);
-            // 2. ... then token t (slot s): sum of squares, group reduction,
-            // norm, rotation, stores. The same order of operations as
-            // versions 1 to 4.
-            float sum_sq = 0.0f;
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const float a = pack_get(x1[s], e), b = pack_get(x2[s], e);
-                sum_sq += a * a + b * b;
-            }
-            const float inv_rms = group_inv_rms<LANES>(sum_sq, mask, D, eps);
-            float o1[VEC], o2[VEC];
-#pragma unroll
-            for (int e = 0; e < VEC; e++) {
-                const float a = pack_get(x1[s], e) * inv_rms * wa[e];
-                const float b = pack_get(x2[s], e) * inv_rms * wb[e];
-                const float co = cs[s].v[e], si = sn[s].v[e];
-                o1[e] = a * co - b * si;
-                o2[e] = b * co + a * si;
-            }
-            store_stream<VEC>(head + t * stride, pack_from<VEC>(o1));
-            store_stream<VEC>(head + t * stride + HALF, pack_from<VEC>(o2));
-            t += step;
-        }
-    }
-#undef ROPE_V5_ISSUE
 }
 
 // ---- launchers -----------------------------------------------------------------------
@@ -879,43 +728,17 @@ static void launch_v4_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
     }
 }
 
-// Version 5 of the fused form: the head sizes of one vector pair per lane
-// (D = 2 * VEC * LANES) take qk_norm_rope_kernel_v5; any other takes v3.
-// The block is version 4's (LANES x heads x tz, a whole number of warps
-// where it can, at most 192 threads); the grid is persistent: at most
-// ROPE_V5_BLOCKS_PER_SM blocks per SM (what __launch_bounds__ guarantees
-// fit), and no more token slices than there are tokens.
-template <int VEC, int LANES>
-static void launch_v5_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                            const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
-                            cudaStream_t s) {
-    constexpr int MAX_THREADS = 192;  // the kernel's __launch_bounds__
-    const int nheads = H + Hkv;
-    int hpb = nheads < MAX_THREADS / LANES ? nheads : MAX_THREADS / LANES;
-    while (nheads % hpb) hpb--;
-    int tz = 1;
-    while ((LANES * hpb * tz) % 32 && LANES * hpb * tz * 2 <= MAX_THREADS) tz *= 2;
-    dim3 block(LANES, hpb, tz);
-    const long long ny = nheads / hpb, slices = (T + tz - 1) / tz;
-    long long nx = (long long)ROPE_V5_BLOCKS_PER_SM * mv_num_sms() / ny;
-    if (nx > slices) nx = slices;
-    if (nx < 1) nx = 1;
-    dim3 grid((unsigned)nx, (unsigned)ny);
-    qk_norm_rope_kernel_v5<VEC, LANES, ROPE_V5_DEPTH><<<grid, block, 0, s>>>(q, qs, k, ks, pos, cs, qw, kw, T, H,
-                                                                             max_pos, eps);
-}
-
 // ---- version 6: a member of kernels/rope_fused.cuh, the fused form the engine uses ----
-// The winner of tests/gpu/rope_sweep.cu (issue 4) goes in ONE line, the
+// The fastest member of tests/gpu/rope_sweep.cu goes in ONE line, the
 // alias below: rope_v6_config<TOK, MINB, COSSIN, MATH> as the sweep's table
 // names them (COSSIN 2 is a diagnostic and cannot be used: the device cache
-// has no inv_freq). Version 7 falls back to it.
+// has no inv_freq).
 template <int TOK_, int MINB_, int COSSIN_, int MATH_>
 struct rope_v6_config {
     static_assert(COSSIN_ != 2, "COSSIN 2 needs inv_freq on the device");
     static constexpr int TOK = TOK_, MINB = MINB_, COSSIN = COSSIN_, MATH = MATH_;
 };
-using ROPE_V6 = rope_v6_config<1, 8, 1, 1>;  // <- the sweep's winner (run 14: tok1 lb(192,8) global->regs rot(x*w)*r, 87.4% of copy)
+using ROPE_V6 = rope_v6_config<1, 8, 1, 1>;  // <- the sweep's "tok1 lb(192,8) global->regs rot(x*w)*r"
 
 template <int VEC, int LANES>
 static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
@@ -930,22 +753,7 @@ static void launch_v6_shape(bf16 *q, long long qs, bf16 *k, long long ks, const 
             q, qs, k, ks, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s);
 }
 
-// ---- version 7: the copy engine moves the rows (kernels/rope_bulk.cuh) ------------
-// An experiment that stays for what it teaches: it is correct (the same bits
-// as version 6) but not faster (run 18: 87.5% of copy against version 6's
-// 87.7% at T = 32768; slower at T = 1 and 256), so the engine keeps version
-// 6 (docs/05-rope.md, section 4). Tiles of about ROPE_V7_TILE_BYTES of
-// rows (4 tokens of Qwen3-0.6B's 24 heads of 128), ROPE_V7_STAGES of them
-// per block in shared memory, ROPE_V7_BLOCKS_PER_SM blocks of one producer
-// warp and ROPE_V7_WARPS consumer warps. Rows the copy engine cannot take
-// (a base or row stride not a multiple of 16 bytes), q and k that are not
-// one range of the row, or a tile too big for shared memory: version 6.
-#define ROPE_V7_TILE_BYTES 24576
-#define ROPE_V7_STAGES 4
-#define ROPE_V7_BLOCKS_PER_SM 2
-#define ROPE_V7_WARPS 8
-
-// ---- the dispatch versions 4 to 7 of the fused form share ------------------------
+// ---- the dispatch versions 4 and 6 of the fused form share ----------------------
 // Pick the vector width VEC (pick_vec: what D, the strides and the pointers
 // allow), then the lanes per head so that D = 2 * VEC * LANES; any other head
 // size takes version 3's kernel. Shape is a struct naming one version's
@@ -958,36 +766,12 @@ struct fused_v4_shape {
         launch_v4_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
     }
 };
-struct fused_v5_shape {
-    static constexpr int MIN_VEC = 1;
-    template <int VEC, int LANES>
-    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
-        launch_v5_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-    }
-};
 struct fused_v6_shape {
     static constexpr int MIN_VEC = 2;  // rope_fused packs bf16 in pairs
     template <int VEC, int LANES>
     static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
                     const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
         launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
-    }
-};
-
-// Version 7's launcher is its shape's run: the copy engine when it can take
-// the rows (q and k one range of each row, see rope_bulk::launch), else version 6.
-struct fused_v7_shape {
-    static constexpr int MIN_VEC = 2;
-    template <int VEC, int LANES>
-    static void run(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
-                    const bf16 *qw, const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps, cudaStream_t s) {
-        constexpr int D = 2 * VEC * LANES;
-        const bool one_range = k == q + (long long)H * D && qs == ks;
-        if (!one_range || rope_bulk::launch<VEC, LANES, ROPE_V7_WARPS>(q, qs, pos, cs, qw, kw, T, H, Hkv, max_pos, eps,
-                                                                      ROPE_V7_TILE_BYTES, ROPE_V7_STAGES,
-                                                                      ROPE_V7_BLOCKS_PER_SM, mv_num_sms(), s))
-            launch_v6_shape<VEC, LANES>(q, qs, k, ks, pos, cs, qw, kw, T, H, Hkv, max_pos, eps, s);
     }
 };
 
@@ -1029,8 +813,7 @@ static int dispatch_fused(bf16 *q, long long qs, bf16 *k, long long ks, const in
 }
 
 static int check_version(const char *who, int version) {
-    if (version < 1 || version > ROPE_NUM_VERSIONS)
-        return mv_error("%s: unknown version %d (1..%d)", who, version, ROPE_NUM_VERSIONS);
+    if (!rope_version_name(version)) return mv_error("%s: unknown version %d (1, 2, 3, 4 or 6)", who, version);
     return 0;
 }
 
@@ -1065,9 +848,7 @@ extern "C" const char *rope_version_name(int version) {
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
-    case 5: return "v5-same-as-v3";  // and so are v5's to v7's
-    case 6: return "v6-same-as-v3";
-    case 7: return "v7-same-as-v3";
+    case 6: return "v6-same-as-v3";  // and so is v6's
     default: return NULL;
     }
 }
@@ -1078,9 +859,7 @@ extern "C" const char *qk_norm_rope_version_name(int version) {
     case 2: return "v2-vec16-group-per-head-4-heads";
     case 3: return "v3-vec16-group-per-head-4-tokens";
     case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
-    case 5: return "v5-persistent-prefetch-2-fixed-d";  // other head sizes: v3's kernel, as v4
     case 6: return "v6-1-token-8-blocks-cossin-in-regs";  // the sweep winner (rope_fused.cuh: TOK 1, MINB 8, COSSIN 1, MATH 1)
-    case 7: return "v7-bulk-copy-engine-4-stages";        // kernels/rope_bulk.cuh
     default: return NULL;
     }
 }
@@ -1136,20 +915,13 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
                               head_dim, cache->max_position, eps, stream))
             return -1;
     } else {
-        // Versions 4 to 7 share one dispatch (dispatch_fused above).
-        const int rc =
-            version == 4   ? dispatch_fused<fused_v4_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
-                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
-                                                            eps, stream)
-            : version == 6 ? dispatch_fused<fused_v6_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
-                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
-                                                            eps, stream)
-            : version == 7 ? dispatch_fused<fused_v7_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
-                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
-                                                            eps, stream)
-                           : dispatch_fused<fused_v5_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw, kw, T,
-                                                            num_heads, num_kv_heads, head_dim, cache->max_position,
-                                                            eps, stream);
+        // Versions 4 and 6 share one dispatch (dispatch_fused above).
+        const int rc = version == 4 ? dispatch_fused<fused_v4_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw,
+                                                                     kw, T, num_heads, num_kv_heads, head_dim,
+                                                                     cache->max_position, eps, stream)
+                                    : dispatch_fused<fused_v6_shape>(q, row, k, row, d_positions, cache->d_cos_sin, qw,
+                                                                     kw, T, num_heads, num_kv_heads, head_dim,
+                                                                     cache->max_position, eps, stream);
         if (rc) return -1;
     }
     return CUDA_TRY(cudaGetLastError());

@@ -38,17 +38,7 @@
  *   4  fused: 2 tokens per thread and the head size a template constant
  *            (D = 2 * VEC * LANES; Qwen3's 128), 64 registers, 5 blocks of
  *            192 per SM; other head sizes take v3. Plain: v3's kernel.
- *   5  fused: persistent and software-pipelined: a grid of
- *            2 blocks of 192 per SM, each thread bound to one (head, lane)
- *            for the kernel's life (its norm weights in registers as fp32),
- *            walking tokens t, t + stride, ... with the loads of the token
- *            ROPE_V5_DEPTH = 2 steps ahead (q/k vectors, cos/sin from the
- *            global cache, position one step earlier still) issued before
- *            the current token's reduction, rotation and stores. No shared
- *            memory, no barrier. Fixed head sizes as v4; other head sizes
- *            take v3. Plain: v3's kernel. Measured (run 13, H200): 146
- *            registers, 12 warps per SM, 64.7% of copy; slower than v4.
- *   6  fused: the engine's (ROPE_FAST). The winner of run 14's sweep
+ *   6  fused: the engine's (ROPE_FAST). The fastest member of the sweep
  *            (tests/gpu/rope_sweep.cu, docs/results/05-rope-sweep.txt):
  *            the member <TOK 1, MINB 8, COSSIN 1, MATH 1> of
  *            kernels/rope_fused.cuh, chosen by ROPE_V6 in kernels/rope.cu.
@@ -57,22 +47,13 @@
  *            thread from the global row into registers (no shared memory,
  *            no barrier); x * w rotated first, then one multiply by 1/rms
  *            (linearity: the rotation does not wait for the reduction).
- *            Sweep: 110.3 us, 87.4% of copy at T = 32768 in QKV rows;
- *            chapter run 18 (aligned rows): 109.7 us, 87.7%.
+ *            On one H200, T = 32768, q/k in 256-byte aligned QKV rows:
+ *            109.7 us, 87.7% of copy.
  *            Head sizes D = 2 * VEC * LANES (LANES 4, 8, 16 or 32);
  *            other head sizes take v3. Plain: v3's kernel.
- *   7  fused: the copy engine moves the rows (kernels/rope_bulk.cuh):
- *            per block, a producer warp bulk-loads tiles of 4 tokens' q and
- *            k heads and their cos/sin rows into shared memory, 4 stages
- *            deep, and bulk-stores them back once 8 consumer warps have
- *            normalised and rotated them there (version 6's math, the same
- *            bits). Persistent grid of 2 blocks per SM. Rows it cannot take
- *            (not 16-byte aligned) run version 6. Measured (run 18, H200):
- *            correct, but not faster than version 6 (87.5% against 87.7%
- *            of copy at T = 32768; slower at T = 1 and 256): both are
- *            within 3% of the access pattern's own ceiling, so keeping more
- *            bytes in flight could not win much. Kept as the chapter's
- *            example of the copy engine. Plain: v3's kernel.
+ * There is no version 5 or 7 (a persistent pipelined kernel and a
+ * copy-engine one, neither faster than 6: docs/05-rope.md); the numbers
+ * are kept so that version 6 keeps its name in the published results.
  */
 #ifndef MV_KERNELS_ROPE_H
 #define MV_KERNELS_ROPE_H
@@ -87,8 +68,8 @@
 extern "C" {
 #endif
 
-#define ROPE_NUM_VERSIONS 7
-#define ROPE_FAST 6  // the version the engine uses (plain: v3's kernel under the name v6)
+#define ROPE_MAX_VERSION 6  // versions 1, 2, 3, 4 and 6: the names below are NULL for 5
+#define ROPE_FAST 6         // the version the engine uses (plain: v3's kernel under the name v6)
 
 // The cos/sin cache on the device: a copy of the host cache that
 // rope_cache_build() (reference/rope.c) made, so the math exists once.
@@ -101,6 +82,7 @@ typedef struct {
 int rope_cache_upload(rope_cache_gpu_t *d_cache, const rope_cache_t *host_cache);
 void rope_cache_gpu_free(rope_cache_gpu_t *d_cache);
 
+// "v1-naive-thread-per-pair"...; NULL for a number that is not a version.
 const char *rope_version_name(int version);
 const char *qk_norm_rope_version_name(int version);
 

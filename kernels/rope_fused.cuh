@@ -1,7 +1,7 @@
 /*
  * kernels/rope_fused.cuh - a family of fused q_norm/k_norm + RoPE kernels
- * for the experiment of tests/gpu/rope_sweep.cu (issue 4), and the source
- * of the fused form's next version (ROPE_V6 in kernels/rope.cu).
+ * for the experiment of tests/gpu/rope_sweep.cu, and the source of the
+ * fused form's version 6 (ROPE_V6 in kernels/rope.cu).
  *
  * The shape is version 4's (kernels/rope.cu): a group of LANES lanes per
  * head, one vector pair of VEC bf16 per lane (D = 2 * VEC * LANES, Qwen3's
@@ -16,13 +16,13 @@
  *           1  per thread, straight from the global cos/sin row into
  *              registers (positions loaded first, before the data), no
  *              barrier: VEC cos + VEC sin per token, L1/L2 hits after the
- *              token's first head (v5's way, without its persistence);
+ *              token's first head;
  *           2  diagnostic: no cos/sin loads at all; each thread computes
  *              sincosf(pos * inv_freq) (the cache's fp32 angle; sincosf is
  *              within 2 fp32 ulps of the cache's double-rounded value), with
  *              its VEC inv_freq loaded once. Needs the inv_freq table, which
  *              the device cache does not carry: the sweep only.
- *   MATH    0  x * inv_rms * w, then rotate (versions 1-5's order);
+ *   MATH    0  x * inv_rms * w, then rotate (versions 1 to 4's order);
  *           1  rotate x * w first, then one multiply by inv_rms: by
  *              linearity the same value, but the rotation no longer waits
  *              for the norm's shuffle reduction. Rounding differs by a few
@@ -74,8 +74,7 @@ __device__ __forceinline__ pack<VEC> put(const float (&f)[VEC]) {
 }
 
 // MATH 1's rotation of a vector pair before the norm's 1/rms: a = x1 * wa,
-// b = x2 * wb, o1 = a cos - b sin, o2 = b cos + a sin (version 7 in
-// kernels/rope_bulk.cuh does the same math from shared memory).
+// b = x2 * wb, o1 = a cos - b sin, o2 = b cos + a sin.
 template <int VEC>
 __device__ __forceinline__ void rotate_scaled(const pack<VEC> &x1, const pack<VEC> &x2, const pack<VEC> &wa,
                                               const pack<VEC> &wb, const float (&co)[VEC], const float (&si)[VEC],

@@ -4,42 +4,56 @@
  * the host (152k floats a row for Qwen3, against 4 bytes for the id).
  *
  * Where it sits: last in the CUDA backend's step (chapters/09-engine/
- * model_runner_cuda.c), after the LM head. The rules are those of the host
- * sampler, chapters/09-engine/sampler.h, its reference:
+ * runtime/runner_cuda.c), after the LM head. The rule is the CPU
+ * reference's, reference/sampling.h (greedy with the lowest id on ties;
+ * top-k; top-p on integer masses; the Gumbel-max draw keyed by Philox of
+ * (seed; token id, gen_index)), and so are the numbers: both take them from
+ * reference/sampling_math.h (exp, log and Philox from IEEE operations
+ * only, never contracted). So for the same fp32 logits, parameters, seed
+ * and gen_index the two backends return the same token id, exactly, every
+ * time; build/engine_check requires it row for row. A row whose largest
+ * non-NaN logit is not finite (all NaN, all -inf, or a +inf) has no answer:
+ * its id is -1, and the caller fails the step, as the reference errs.
  *
- *   - temperature 0: greedy, the argmax; on a tie the lowest id; NaN never
- *     wins. A row whose largest non-NaN logit is not finite (all NaN, all
- *     -inf, or a +inf) has no answer: its id is -1, and the caller fails
- *     the step, as the host sampler returns an error.
- *   - otherwise the candidates are the finite logits, ordered by logit
- *     descending then id ascending (a total order, as the host's qsort
- *     comparator); top-k keeps the first k; top-p keeps, of those, the
- *     shortest prefix whose probabilities (softmax of logit / temperature
- *     over the top-k) sum to at least p; one token is drawn from what is
- *     kept, in proportion to exp(logit / temperature).
+ * How, without sorting 152k values: the kept set is a prefix of the order
+ * (logit descending, id ascending), so it is described by a threshold (a
+ * logit's order key and an id cut for the ties at it), or by the (key, id)
+ * pack of its last token. Version 1 finds the threshold by bisection on the
+ * key's 32 bits (each step one pass over the row counting tokens, or summing
+ * their integer masses, at or above the candidate), then on the id. Version
+ * 2 bounds it from each thread's few largest packs and finishes among at most
+ * 2048 candidates in shared memory. Integer sums are exact in any order, so
+ * the block's reductions reach the same totals as the reference's loop and
+ * the same prefix as its sort. The draw is one parallel argmax of the Gumbel
+ * scores over the kept tokens, ties to the lower id, as the reference's loop.
  *
- * How, without sorting 152k values: the kept set is a prefix of that total
- * order, so it is described by a threshold key (a logit value and an id
- * cut for the ties at that value). The threshold is found by bisection on
- * the bits of the value (32 steps, each one pass over the row counting, or
- * summing probability, above the candidate), then on the id. The draw is
- * the Gumbel-max trick: argmax over the kept tokens of
- * logit / temperature + g_i, g_i = -log(-log(u_i)), which picks token i with
- * probability exp(logit_i / T) / sum over kept: the same distribution as the
- * host's inverse-CDF walk, in one parallel argmax.
+ * Randomness: counter-based, so a draw depends only on (seed, how many
+ * tokens the request had generated, token id), never on the batch or the
+ * order rows run in, nor on the backend.
  *
- * Randomness: u_i = Philox4x32-10 (Salmon et al., SC'11) keyed by the
- * request's seed, counter (token id i, gen_index): counter-based, so a draw
- * depends only on (seed, how many tokens the request had generated, i),
- * never on the batch or the order rows run in. Same seed, same tokens on
- * this backend. (The host sampler draws from a splitmix64 stream: the two
- * backends sample the same distribution, not the same tokens.)
- *
- * Versions:
+ * Versions (the same ids, bit for bit; build/engine_check runs both):
  *   1  one block of 1024 threads per row; every bisection step is one pass
- *      over the row through L2 (about 100 passes for top-k + top-p, 1 for
- *      greedy). Written for reading and exactness; a radix-select version
- *      comes when the engine is timed.
+ *      over the row (about 100 passes for top-k + top-p, 1 for greedy, 2
+ *      for temperature alone): 100 x 608 KB a row for Qwen3's default.
+ *      Written for reading and exactness; kept as the readable kernel.
+ *   2  SAMPLING_FAST, the engine's: one block of 512 threads per row. One
+ *      pass keeps each thread's 4 largest finite (key, id) packs in
+ *      registers; their union (2048) is sorted in shared memory; its k-th
+ *      entry bounds the top-k set, which is the union's first k whenever no
+ *      thread's 4th entry lies above it (else one more pass gathers every
+ *      pack at or above it). top-p and the Gumbel draw then run on those k
+ *      candidates. Passes over the row: greedy 1, temperature alone 2
+ *      (the draw scores every token within 20 T of the top: compute-bound),
+ *      top-k <= 2048 with or without top-p 1 or 2, top-p alone 2 or 3.
+ *      top_k > 2048, more than 2048 packs at or above the bound (finite
+ *      logits in a few threads' ids only, or a large k), and top-p alone
+ *      when the union does not hold top_p of the mass (flat rows) fall back
+ *      to version 1's bisection in the same kernel. Static shared memory (16.6 KB), no
+ *      allocation: safe to capture in a CUDA graph. Costs and predicted
+ *      times: kernels/sampling.cu.
+ *
+ * Build: nvcc without -ftz=true / --use_fast_math (the Makefile's flags):
+ * flushing subnormal logits would be the one difference left.
  */
 #ifndef MV_KERNELS_SAMPLING_H
 #define MV_KERNELS_SAMPLING_H
@@ -53,8 +67,8 @@
 extern "C" {
 #endif
 
-#define SAMPLING_NUM_VERSIONS 1
-#define SAMPLING_FAST 1  // the version the engine uses
+#define SAMPLING_NUM_VERSIONS 2
+#define SAMPLING_FAST 2  // the version the engine uses
 
 const char *sampling_version_name(int version);
 
@@ -62,7 +76,9 @@ const char *sampling_version_name(int version);
 // logits_stride floats, vocab of them used. Per row (device arrays of
 // [num_rows]): temperature >= 0 (0 = greedy), top_k >= 0 (0 = off), top_p in
 // (0, 1] (1 = off), seed, gen_index >= 0. Checked on the host first
-// (sampler_validate_params): a launcher cannot read device memory.
+// (sampler_validate_params, i.e. sampling_row_validate): a launcher cannot
+// read device memory. The reference with the same arguments on the host:
+// sample_tokens_cpu (reference/sampling.h).
 int sample_tokens_cuda(int version, int32_t *d_out, const float *d_logits, long long logits_stride, int num_rows,
                        int vocab, const float *d_temperature, const int32_t *d_top_k, const float *d_top_p,
                        const uint64_t *d_seed, const int64_t *d_gen_index, cudaStream_t stream);
@@ -70,11 +86,6 @@ int sample_tokens_cuda(int version, int32_t *d_out, const float *d_logits, long 
 // out [n] fp32 = in [n] bf16: the LM head writes bf16, the sampler and the
 // host (on_logits) read fp32.
 int bf16_to_f32_cuda(float *d_out, const bf16_t *d_in, long long n, cudaStream_t stream);
-
-// The uniform number in (0, 1) the kernel draws for token `id` of a row
-// with this seed and gen_index: Philox4x32-10, the same code on host and
-// device, so a check can recompute the Gumbel draw on the host.
-float sampling_uniform(uint64_t seed, int64_t gen_index, int32_t id);
 
 #ifdef __cplusplus
 }

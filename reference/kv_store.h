@@ -54,7 +54,7 @@ int store_kvcache_cpu(const bf16_t *k, long long k_stride, const bf16_t *v, long
                       int num_kv_heads, int head_dim, int block_size, int num_blocks);
 
 // The same store for fp32 k/v and fp32 caches: the engine's CPU backend runs
-// in fp32 throughout (chapter 09's model_runner.c), so its caches are fp32.
+// in fp32 throughout (chapter 09's runtime/runner_cpu.c), so its caches are fp32.
 // Same shapes, strides, slot checks and -1 rule as store_kvcache_cpu.
 int store_kvcache_f32_cpu(const float *k, long long k_stride, const float *v, long long v_stride,
                           float *k_cache, float *v_cache, const int32_t *slot_mapping, int T,

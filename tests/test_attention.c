@@ -25,12 +25,6 @@
 #define EXPECT_NEAR(got, want, tol) \
     cr_expect(fabs((double)(got) - (double)(want)) <= (tol), "got %.9g, want %.9g", (double)(got), (double)(want))
 
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    cr_assert_not_null(p, "out of host memory");
-    return p;
-}
-
 // The paged reference on a whole case; out [T_q, H, D].
 static void prefill(const attn_case_t *c, float *out, int num_threads) {
     int rc = attention_prefill_cpu(out, c->q, c->k_cache, c->v_cache, c->cu_seqlens_q, c->context_lens,
@@ -129,7 +123,7 @@ Test(attention, a_query_never_sees_later_keys) {
     const attn_seq_spec_t spec = {37, 37, -1, 0};
     attn_case_t c = make_case(7, &spec, 1, 2, 1, 64, 16);
     const size_t n = (size_t)37 * 2 * 64, row = 64;
-    float *before = xmalloc(n * sizeof(float)), *after = xmalloc(n * sizeof(float));
+    float *before = mv_xmalloc(n * sizeof(float)), *after = mv_xmalloc(n * sizeof(float));
     prefill(&c, before, 1);
     const size_t slot = (size_t)c.block_tables[20 / 16] * 16 + 20 % 16;
     for (size_t d = 0; d < row; d++) c.k_cache[slot * row + d] += 1.5f, c.v_cache[slot * row + d] -= 2.0f;
@@ -178,7 +172,7 @@ static void check_gqa_mapping(int H, int Hkv) {
     for (size_t s = 0; s < slots; s++)
         for (int g = 0; g < Hkv; g++)
             for (int d = 0; d < 16; d++) c.v_cache[(s * Hkv + g) * 16 + d] = (float)(g + 1);
-    float *out = xmalloc(sizeof(float) * (size_t)c.T_q * H * 16);
+    float *out = mv_xmalloc(sizeof(float) * (size_t)c.T_q * H * 16);
     prefill(&c, out, 0);
     const int group = H / Hkv;
     for (int t = 0; t < c.T_q; t++)
@@ -204,8 +198,8 @@ Test(attention, paged_equals_contiguous_and_float64) {
     const int S = c.num_seqs;
     cr_assert_gt(c.num_shared, 0, "the mix shares prefix blocks");
     const size_t n = (size_t)c.T_q * 4 * 64;
-    float *paged = xmalloc(n * sizeof(float)), *contig = xmalloc(n * sizeof(float));
-    double *want = xmalloc(n * sizeof(double));
+    float *paged = mv_xmalloc(n * sizeof(float)), *contig = mv_xmalloc(n * sizeof(float));
+    double *want = mv_xmalloc(n * sizeof(double));
     poison_host(paged, n * sizeof(float));
     poison_host(contig, n * sizeof(float));
     prefill(&c, paged, 0);
@@ -226,8 +220,8 @@ Test(attention, decode_is_the_last_row_of_prefill) {
     attn_case_t c = ragged_case(12, 8, 1, 128, 32);
     const int S = c.num_seqs;
     const size_t n = (size_t)c.T_q * 8 * 128, n_dec = (size_t)S * 8 * 128;
-    float *out = xmalloc(n * sizeof(float)), *q_dec = xmalloc(n_dec * sizeof(float));
-    float *out_dec = xmalloc(n_dec * sizeof(float)), *last = xmalloc(n_dec * sizeof(float));
+    float *out = mv_xmalloc(n * sizeof(float)), *q_dec = mv_xmalloc(n_dec * sizeof(float));
+    float *out_dec = mv_xmalloc(n_dec * sizeof(float)), *last = mv_xmalloc(n_dec * sizeof(float));
     prefill(&c, out, 0);
     attn_case_last_rows(&c, q_dec, c.q, sizeof(float));
     attn_case_last_rows(&c, last, out, sizeof(float));
@@ -243,7 +237,7 @@ Test(attention, decode_is_the_last_row_of_prefill) {
 Test(attention, any_number_of_threads_gives_the_same_bits) {
     attn_case_t c = ragged_case(14, 4, 1, 64, 16);
     const size_t n = (size_t)c.T_q * 4 * 64;
-    float *one = xmalloc(n * sizeof(float)), *other = xmalloc(n * sizeof(float));
+    float *one = mv_xmalloc(n * sizeof(float)), *other = mv_xmalloc(n * sizeof(float));
     prefill(&c, one, 1);
     const int counts[] = {0, 2, 7, 64, 1000};  // 1000: more than the cap and than the (sequence, head) pairs
     for (int i = 0; i < 5; i++) {
@@ -268,8 +262,8 @@ static void check_block_size(int bs) {
         for (int g = 0; g < 4; g++) {
             attn_case_t c = make_case((uint64_t)(bs * 1000 + D + g), specs, 5, gqa[g].H, gqa[g].Hkv, D, bs);
             const size_t n = (size_t)c.T_q * gqa[g].H * D;
-            float *out = xmalloc(n * sizeof(float));
-            double *want = xmalloc(n * sizeof(double));
+            float *out = mv_xmalloc(n * sizeof(float));
+            double *want = mv_xmalloc(n * sizeof(double));
             poison_host(out, n * sizeof(float));
             prefill(&c, out, 0);
             cr_assert_eq(attention_f64(want, &c), 0);

@@ -10,7 +10,7 @@
 #include <criterion/criterion.h>
 #include <xxhash.h>
 
-#include "chapters/08-scheduler/block_manager.h"
+#include "chapters/08-scheduler/sched/block_manager.h"
 #include "common/check.h"
 
 enum { BS = 4, MAX_LEN = 64 };

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "tests/helpers.h"
 
 static const char *CHAPTERS[] = {"01-activation", "02-rmsnorm", "03-linear-tp", "04-embedding", "08-scheduler"};
@@ -47,8 +49,12 @@ Test(cli, json_names_the_chapter) {
     out[n] = '\0';
     fclose(f);
     remove(path);
-    cr_expect(strstr(out, "\"chapter\":\t\"01-activation\"") != NULL);
-    cr_expect(strstr(out, "\"checks\"") != NULL);
+    cJSON *j = cJSON_Parse(out);
+    cr_assert_not_null(j, "the --json file is not JSON:\n%s", out);
+    cJSON *chapter = cJSON_GetObjectItem(j, "chapter");
+    cr_expect(cJSON_IsString(chapter) && !strcmp(chapter->valuestring, "01-activation"), "%s", out);
+    cr_expect(cJSON_IsArray(cJSON_GetObjectItem(j, "checks")), "%s", out);
+    cJSON_Delete(j);
 }
 
 Test(cli, unwritable_json_path_fails_cleanly) {

@@ -5,6 +5,7 @@
  *
  * Run: make test  (or build/tests/test_common after make)
  */
+#include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "common/bf16.h"
 #include "common/check.h"
 #include "common/compare.h"
+#include "common/json_writer.h"
 #include "common/rng.h"
 
 static const tolerance_t TOL = {1e-6, 1e-3, 1e-6, "test tolerance"};
@@ -168,4 +170,52 @@ Test(rng, normal_has_right_moments) {
 Test(check, mv_error_records_message) {
     cr_expect_eq(mv_error("bad shape %d", 7), -1);
     cr_expect_str_eq(mv_last_error(), "bad shape 7");
+}
+
+Test(check, mv_error_prefix_keeps_the_cause) {
+    mv_error("bad shape %d", 7);
+    cr_assert_eq(mv_error_prefix("layer %d", 3), -1);
+    cr_assert_str_eq(mv_last_error(), "layer 3: bad shape 7");
+    mv_error_prefix("step %s", "x");
+    cr_assert_str_eq(mv_last_error(), "step x: layer 3: bad shape 7");
+}
+
+// The chapters' --json writer, read back by cJSON (the engine's parser).
+Test(json_writer, round_trips_through_cjson) {
+    mv_json_t *root = mvj_object();
+    mvj_set_string(root, "s", "quote \" back\\ nl\n tab\t ctl\x01 utf8 \xe4\xb8\xad");
+    mvj_set_number(root, "pi", 3.141592653589793);
+    mvj_set_number(root, "tiny", 1e-300);
+    mvj_set_number(root, "int", 123456789012.0);
+    mvj_set_number(root, "nan", NAN);
+    mvj_set_bool(root, "t", 1);
+    mvj_set_string(root, "replaced", "old");
+    mv_json_t *arr = mvj_set_array(root, "arr");
+    mvj_push(arr, mvj_number(0.1));
+    mvj_push(arr, mvj_string(""));
+    mvj_set_object(root, "empty");
+    mvj_set_string(root, "replaced", "new");  // same key: replaced in place, not added
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cr_assert(f);
+    cr_assert_eq(mvj_write(root, f), 0);
+    fclose(f);
+    mvj_free(root);
+    cJSON *j = cJSON_Parse(buf);
+    cr_assert(j, "cJSON could not parse the writer's output:\n%s", buf);
+    cr_assert_str_eq(cJSON_GetObjectItem(j, "s")->valuestring, "quote \" back\\ nl\n tab\t ctl\x01 utf8 \xe4\xb8\xad");
+    cr_assert_eq(cJSON_GetObjectItem(j, "pi")->valuedouble, 3.141592653589793);
+    cr_assert_eq(cJSON_GetObjectItem(j, "tiny")->valuedouble, 1e-300);
+    cr_assert_eq(cJSON_GetObjectItem(j, "int")->valuedouble, 123456789012.0);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "nan")));
+    cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "t")));
+    cr_assert_str_eq(cJSON_GetObjectItem(j, "replaced")->valuestring, "new");
+    cr_assert_eq(cJSON_GetArraySize(j), 9, "keys: 9 distinct, got %d", cJSON_GetArraySize(j));
+    cJSON *a = cJSON_GetObjectItem(j, "arr");
+    cr_assert_eq(cJSON_GetArraySize(a), 2);
+    cr_assert_eq(cJSON_GetArrayItem(a, 0)->valuedouble, 0.1);
+    cr_assert(cJSON_IsObject(cJSON_GetObjectItem(j, "empty")));
+    cJSON_Delete(j);
+    free(buf);
 }

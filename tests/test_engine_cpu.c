@@ -28,8 +28,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chapters/09-engine/engine.h"
-#include "chapters/09-engine/sampler.h"
+#include "chapters/09-engine/runtime/engine.h"
+#include "chapters/09-engine/runtime/sampler.h"
 #include "common/check.h"
 #include "tests/helpers.h"
 
@@ -446,87 +446,117 @@ Test(engine_golden, first_step_logits_match_transformers) {
 }
 
 // ---- sampling ---------------------------------------------------------------------------
+// The rule itself (greedy ties, top-k, top-p, the draw's distribution, the
+// random stream) is the reference's, tested in tests/test_sampling.c. Here:
+// the engine's layer over it, and which key the engine draws each token with.
 
-Test(sampler, greedy_takes_the_lowest_id_on_ties) {
-    float logits[6] = {0.5f, 2.0f, -1.0f, 2.0f, NAN, 2.0f};
-    cr_expect_eq(sampler_argmax(logits, 6), 1);
-    sampler_t s;
-    cr_assert_eq(sampler_init(&s, 6), 0);
-    sampling_params_t p = {0.0f, 0, 1.0f, 1, 0};
-    uint64_t rng = 1, before = rng;
-    int32_t id;
-    cr_assert_eq(sampler_sample(&s, logits, &p, &rng, &id), 0);
-    cr_expect_eq(id, 1);
-    cr_expect_eq(rng, before, "greedy must not consume randomness");
-    sampler_free(&s);
-}
-
-Test(sampler, top_k_1_and_tiny_top_p_are_greedy) {
-    float logits[5] = {0.1f, 0.3f, 1.5f, 1.4f, -2.0f};
-    sampler_t s;
-    cr_assert_eq(sampler_init(&s, 5), 0);
-    uint64_t rng = 42;
-    for (int r = 0; r < 100; r++) {
+Test(sampler, validates_params_and_samples_as_the_reference) {
+    const sampling_params_t good = {0.7f, 5, 0.9f, 1, 0}, neg = {-1.0f, 0, 1.0f, 1, 0}, k = {1.0f, -2, 1.0f, 1, 0},
+                            p0 = {1.0f, 0, 0.0f, 1, 0};
+    cr_expect_eq(sampler_validate_params(&good), 0);
+    cr_expect_eq(sampler_validate_params(&neg), -1);
+    cr_expect(strstr(mv_last_error(), "temperature -1") != NULL, "%s", mv_last_error());
+    cr_expect_eq(sampler_validate_params(&k), -1);
+    cr_expect(strstr(mv_last_error(), "top_k -2") != NULL, "%s", mv_last_error());
+    cr_expect_eq(sampler_validate_params(&p0), -1);
+    float logits[64];
+    for (int i = 0; i < 64; i++) logits[i] = (float)((i * 37) % 64) / 8.0f;
+    sampling_scratch_t s;
+    cr_assert_eq(sampling_scratch_init(&s, 64), 0);
+    for (int g = 0; g < 50; g++) {
+        const uint64_t seed = 1000u + (uint64_t)g;
         int32_t a, b;
-        sampling_params_t k1 = {1.0f, 1, 1.0f, 1, 0}, p0 = {1.0f, 0, 1e-6f, 1, 0};
-        cr_assert_eq(sampler_sample(&s, logits, &k1, &rng, &a), 0);
-        cr_assert_eq(sampler_sample(&s, logits, &p0, &rng, &b), 0);
-        cr_expect_eq(a, 2);
-        cr_expect_eq(b, 2);
+        cr_assert_eq(sampler_sample(&s, logits, &good, seed, g, &a), 0, "%s", mv_last_error());
+        const sampling_row_t r = {good.temperature, good.top_k, good.top_p, seed, g};
+        cr_assert_eq(sample_token_cpu(&s, logits, &r, &b), 0);
+        cr_expect_eq(a, b, "gen_index %d: the engine's sampler drew %d, the reference %d", g, a, b);
     }
-    sampler_free(&s);
-}
-
-// Frequencies of 40000 draws against softmax(logits / T), and top-k / top-p
-// never drawing outside their set.
-Test(sampler, draws_follow_the_distribution) {
-    float logits[4] = {1.0f, 2.0f, 0.0f, 1.5f};
-    const float T = 0.7f;
-    double prob[4], sum = 0;
-    for (int i = 0; i < 4; i++) sum += prob[i] = exp(logits[i] / T);
-    sampler_t s;
-    cr_assert_eq(sampler_init(&s, 4), 0);
-    sampling_params_t p = {T, 0, 1.0f, 1, 0};
-    int count[4] = {0};
-    uint64_t rng = 7;
-    const int N = 40000;
-    for (int r = 0; r < N; r++) {
-        int32_t id;
-        cr_assert_eq(sampler_sample(&s, logits, &p, &rng, &id), 0);
-        count[id]++;
-    }
-    // 5 standard deviations of a binomial proportion at N = 40000 is < 0.013.
-    for (int i = 0; i < 4; i++)
-        cr_expect(fabs((double)count[i] / N - prob[i] / sum) < 0.013, "id %d: %g vs %g", i, (double)count[i] / N,
-                  prob[i] / sum);
-    sampling_params_t k2 = {T, 2, 1.0f, 1, 0};    // ids 1 and 3 only
-    sampling_params_t p5 = {T, 0, 0.5f, 1, 0};    // id 1 alone holds > 0.5? no: 1 then 3
-    for (int r = 0; r < 2000; r++) {
-        int32_t a, b;
-        cr_assert_eq(sampler_sample(&s, logits, &k2, &rng, &a), 0);
-        cr_assert_eq(sampler_sample(&s, logits, &p5, &rng, &b), 0);
-        cr_expect(a == 1 || a == 3, "top_k 2 drew %d", a);
-        cr_expect(b == 1 || b == 3, "top_p 0.5 drew %d", b);
-    }
-    sampler_free(&s);
-}
-
-Test(sampler, bad_parameters_and_logits_are_errors) {
-    sampler_t s;
-    cr_assert_eq(sampler_init(&s, 3), 0);
-    float ok[3] = {0, 1, 2}, bad[3] = {NAN, -INFINITY, NAN};
-    uint64_t rng = 0;
+    const float bad[3] = {NAN, -INFINITY, NAN};
+    sampling_scratch_t s3;
+    cr_assert_eq(sampling_scratch_init(&s3, 3), 0);
     int32_t id;
-    sampling_params_t neg = {-1.0f, 0, 1.0f, 1, 0}, p0 = {1.0f, 0, 0.0f, 1, 0}, g = {0, 0, 1, 1, 0};
-    cr_expect_eq(sampler_sample(&s, ok, &neg, &rng, &id), -1);
-    cr_expect_eq(sampler_sample(&s, ok, &p0, &rng, &id), -1);
-    cr_expect_eq(sampler_sample(&s, bad, &g, &rng, &id), -1);
+    cr_expect_eq(sampler_sample(&s3, bad, &good, 1, 0, &id), -1);
     cr_expect(strstr(mv_last_error(), "finite") != NULL, "%s", mv_last_error());
-    sampler_free(&s);
+    sampling_scratch_free(&s3);
+    sampling_scratch_free(&s);
+}
+
+// What the on_logits hook saw: for each request and gen_index, the token
+// the reference draws from those logits with the request's parameters and
+// seed, and how many times that (request, gen_index) was sampled.
+typedef struct {
+    const engine_request_t *reqs;
+    sampling_scratch_t scratch;
+    int32_t want[MAX_CASES][MAX_IDS];
+    int times[MAX_CASES][MAX_IDS];
+    int bad;  // a hook call outside the table, or a reference error
+} draw_capture_t;
+
+static void capture_draw(void *ctx, int request, int gen_index, const float *logits, int vocab) {
+    draw_capture_t *c = ctx;
+    if (request < 0 || request >= MAX_CASES || gen_index < 0 || gen_index >= MAX_IDS || vocab != c->scratch.vocab) {
+        c->bad++;
+        return;
+    }
+    const engine_request_t *r = &c->reqs[request];
+    const sampling_row_t row = {r->params.temperature, r->params.top_k, r->params.top_p, r->seed, gen_index};
+    if (sample_token_cpu(&c->scratch, logits, &row, &c->want[request][gen_index])) c->bad++;
+    c->times[request][gen_index]++;
+}
+
+// Every token the engine samples on the host is the reference's draw with
+// key (request seed, gen_index = tokens the request had generated), the key
+// the cuda backend sends to the GPU (engine.c, step_on_device): each
+// gen_index drawn exactly once, also when chunked prefill splits a prompt
+// over steps and when a preempted request is recomputed. So the two
+// backends draw the same token wherever their logits agree.
+static void expect_reference_draws(engine_t *e, const golden_t *g, const char *what) {
+    engine_request_t reqs[MAX_CASES];
+    engine_output_t outs[MAX_CASES];
+    const sampling_params_t kinds[3] = {{3.0f, 50, 1.0f, 12, 1}, {2.0f, 0, 0.9f, 12, 1}, {0.0f, 0, 1.0f, 12, 1}};
+    for (int i = 0; i < g->n_cases; i++)
+        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, kinds[i % 3], 500u + (uint64_t)i};
+    draw_capture_t *c = calloc(1, sizeof *c);
+    cr_assert_not_null(c);
+    c->reqs = reqs;
+    cr_assert_eq(sampling_scratch_init(&c->scratch, e->model.vocab_size), 0);
+    cr_assert_eq(engine_generate(e, reqs, g->n_cases, outs, capture_draw, c), 0, "%s: %s", what, mv_last_error());
+    cr_expect_eq(c->bad, 0, "%s: %d hook calls outside the table or failing", what, c->bad);
+    for (int i = 0; i < g->n_cases; i++) {
+        cr_expect_eq(outs[i].num_tokens, 12, "%s request %d", what, i);
+        for (int k = 0; k < outs[i].num_tokens && k < MAX_IDS; k++) {
+            cr_expect_eq(c->times[i][k], 1, "%s request %d: gen_index %d was sampled %d times", what, i, k,
+                         c->times[i][k]);
+            cr_expect_eq(outs[i].token_ids[k], c->want[i][k],
+                         "%s request %d token %d: the engine drew %d, the reference with (seed %llu, gen_index %d) "
+                         "draws %d",
+                         what, i, k, outs[i].token_ids[k], (unsigned long long)reqs[i].seed, k, c->want[i][k]);
+        }
+    }
+    engine_outputs_free(outs, g->n_cases);
+    sampling_scratch_free(&c->scratch);
+    free(c);
+}
+
+Test(engine_sampling, host_draws_are_the_reference_at_each_gen_index) {
+    golden_t g;
+    golden_load_fresh(MODELS[0], &g);
+    engine_t *e = make_engine(MODELS[0], 16, 512, 16, 0, 1);
+    expect_reference_draws(e, &g, "batched");
+    engine_free(e);
+    e = make_engine(MODELS[0], 4, 16, 16, 0, 1);
+    expect_reference_draws(e, &g, "chunked (16 tokens per step)");
+    engine_free(e);
+    // 30 blocks of 4 tokens: decodes run out, requests are preempted and recomputed
+    e = make_engine(MODELS[0], 8, 128, 4, 30, 1);
+    expect_reference_draws(e, &g, "preempted");
+    cr_expect_gt(e->num_preemptions, 0, "nothing was preempted");
+    engine_free(e);
+    golden_free(&g);
 }
 
 // Same seed, same tokens: alone or in a batch with others, because every
-// request draws from its own splitmix64 state.
+// draw is keyed by (request seed, gen_index) and nothing else.
 Test(engine_sampling, same_seed_same_tokens_in_any_batch) {
     golden_t g;
     golden_load_fresh(MODELS[0], &g);

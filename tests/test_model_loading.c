@@ -25,9 +25,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "chapters/09-engine/model_config.h"
-#include "chapters/09-engine/qwen3_weights.h"
-#include "chapters/09-engine/safetensors.h"
+#include "chapters/09-engine/model/model_config.h"
+#include "chapters/09-engine/model/qwen3_weights.h"
+#include "chapters/09-engine/model/safetensors.h"
 #include "common/bf16.h"
 #include "common/check.h"
 #include "tests/helpers.h"

@@ -12,7 +12,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "chapters/08-scheduler/scheduler.h"
+#include "chapters/08-scheduler/sched/scheduler.h"
 #include "chapters/08-scheduler/simulate.h"
 #include "common/check.h"
 #include "common/rng.h"

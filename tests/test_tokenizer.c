@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "chapters/09-engine/chat.h"
-#include "chapters/09-engine/tokenizer.h"
+#include "chapters/09-engine/text/chat.h"
+#include "chapters/09-engine/text/tokenizer.h"
 #include "common/check.h"
 #include "tests/helpers.h"
 

@@ -39,7 +39,7 @@ static const tolerance_t TOL_F64 = {
     "(2^-24 relative each) and no cancellation (1 + exp(-g) > 1)"};
 #if MV_HAVE_CUDA  // only the GPU half uses it (a CPU-only build warns otherwise)
 static const tolerance_t TOL_GPU = {
-    1e-7, 1.0 / 256 + 1e-6, 1.0 / 65536,
+    1e-7, BF16_HALF_ULP + 1e-6, BF16_HALF_ULP * BF16_HALF_ULP,
     "kernel output is stored as bf16: rounding to nearest costs at most half an ulp, "
     "2^-8 = 3.9e-3 relative; __expf adds < 1e-6; so NMSE <= (2^-8)^2 = 1.5e-5"};
 #endif

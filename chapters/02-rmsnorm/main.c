@@ -37,7 +37,6 @@
 static const float QWEN3_EPS = 1e-6f;  // config.json: rms_norm_eps
 
 // ---- tolerances: each with its reason ------------------------------------------
-#define BF16_HALF_ULP (1.0 / 256)  // 2^-8: bf16 keeps 8 significant bits
 static const tolerance_t TOL_HAND = {
     1e-12, 1e-6, 1e-12,
     "hand-computed values vs fp32 reference: the sum of squares is in double, then a "

@@ -14,10 +14,17 @@
  *      replicated layer and biased column/row layers: with N >= 2 visible
  *      GPUs, tp = N over NCCL, one rank per GPU, every rank checked against
  *      the CPU; with one GPU, tp = 1 and the tp = 2 arithmetic with both
- *      shards on that GPU.
- *   4. Timing: TFLOP/s and GB/s at M = 1, 8, 64, 256 decode tokens and 4096,
- *      16384 prefill tokens; with 2+ GPUs also each rank's shard and the
- *      all-reduce of the hidden-size activations (time and bus bandwidth).
+ *      shards on that GPU. Each case runs linear_cuda (the engine's call,
+ *      which picks a version) and each version forced: cuBLAS (v1) and the
+ *      small-M GEMV (v2) wherever it takes the shape.
+ *   4. The GEMV on small odd shapes (M = 1..16, odd N, K from 8 to 16384,
+ *      with and without bias), its refusals (K % 8 != 0, misaligned x or W,
+ *      M > 16) with cuBLAS taking over, and linear_cuda's choice.
+ *   5. Timing: TFLOP/s and GB/s of cuBLAS at M = 1, 8, 64, 256 decode
+ *      tokens and 4096, 16384 prefill tokens; with 2+ GPUs also each rank's
+ *      shard and the all-reduce of the hidden-size activations (time and bus
+ *      bandwidth). Then small M (1..64): cuBLAS against the GEMV, timed as a
+ *      decode step runs them, back to back in a CUDA graph.
  *
  * Build and run:  make && ./build/03-linear-tp [--json FILE] [--help]
  * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
@@ -38,8 +45,6 @@
 #include "common/tp_group.h"
 #include "kernels/linear.h"
 #endif
-
-#define BF16_HALF_ULP (1.0 / 256)
 
 static const tolerance_t TOL_HAND = {1e-12, 1e-6, 1e-12,
     "small integers and halves: every product and sum is exact in fp32"};
@@ -288,20 +293,30 @@ static const layer_spec_t SMALL_LAYERS[] = {
     {"row+bias", TP_ROW, 512, 256, {256}, 1, 0, 0, 0, 1},
 };
 
-// ---- 3. and 4. the GPU half ------------------------------------------------------------
+// ---- 3., 4. and 5. the GPU half ---------------------------------------------------------
 #if MV_HAVE_CUDA
+// One bf16 rounding of an fp32 sum: the same numbers for both versions;
+// only the order of the fp32 additions, which the reason names, differs.
+static tolerance_t tol_one_rounding(double ref_rms, int version) {
+    return (tolerance_t){1e-5 * ref_rms + 1e-6, BF16_HALF_ULP + 1e-5, BF16_HALF_ULP * BF16_HALF_ULP * 1.01,
+        version == LINEAR_GEMV
+            ? "bf16 output: half an ulp, 2^-8 relative; the GEMV's fp32 accumulation order (each lane "
+              "over its chunks, a 32-lane tree, then the warps that split K) differs from the CPU's by "
+              "~sqrt(K) * 2^-24 * sum|x*w|, far below that"
+            : "bf16 output: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
+              "the CPU's by ~sqrt(K) * 2^-24 * sum|x*w|, far below that"};
+}
+
 // Tolerances on the GPU are built per case: their absolute part scales
-// with the output's RMS.
-static tolerance_t tol_gpu(const layer_spec_t *s, int tp, double ref_rms) {
+// with the output's RMS. version: the one that ran (v1 or v2).
+static tolerance_t tol_gpu(const layer_spec_t *s, int tp, double ref_rms, int version) {
     if (s->kind == TP_ROW && tp > 1)
         return (tolerance_t){4 * BF16_HALF_ULP * ref_rms, BF16_HALF_ULP, (tp + 1) * BF16_HALF_ULP * BF16_HALF_ULP,
             "each rank's partial sum is rounded to bf16 before the all-reduce (as vLLM does), and "
             "the bias is added to the rounded sum, so the error scales with the partials (about "
             "the output's RMS, up to 4 sigma), not with each output: atol = 4 * 2^-8 * RMS(ref); "
             "tp + 1 roundings bound the NMSE"};
-    return (tolerance_t){1e-5 * ref_rms + 1e-6, BF16_HALF_ULP + 1e-5, BF16_HALF_ULP * BF16_HALF_ULP * 1.01,
-        "bf16 output: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
-        "the CPU's by ~sqrt(K) * 2^-24 * sum|x*w|, far below that"};
+    return tol_one_rounding(ref_rms, version);
 }
 
 typedef struct {
@@ -312,15 +327,41 @@ typedef struct {
     int M;
 } rank_buf_t;
 
+// The layer on every rank with one version: GEMM on every rank; row-parallel
+// then all-reduces and adds the bias once.
+static void run_layer(tp_group_t *g, const layer_spec_t *s, rank_buf_t *rb, int M, int version) {
+    int tp = g->size;
+    bf16_t *outs[TP_GROUP_MAX];
+    for (int r = 0; r < tp; r++) {
+        MV_CHECK(tp_set_rank(g, r));
+        // Row-parallel with tp > 1: the bias waits until after the all-reduce,
+        // or every rank would add it.
+        const bf16_t *bias = s->kind == TP_ROW && tp > 1 ? NULL : rb[r].d_b;
+        MV_CHECK(linear_cuda_version(version, g->cublas[r], rb[r].d_y, rb[r].d_x, rb[r].d_w, bias, M,
+                                     rb[r].l.out_local, rb[r].l.in_local, g->streams[r]));
+        outs[r] = rb[r].d_y;
+    }
+    if (s->kind == TP_ROW && tp > 1) MV_CHECK(tp_all_reduce_bf16(g, outs, (size_t)M * rb[0].l.out_local));
+    if (s->kind == TP_ROW && s->bias && tp > 1)
+        for (int r = 0; r < tp; r++) {
+            MV_CHECK(tp_set_rank(g, r));
+            MV_CHECK(add_bias_cuda(rb[r].d_y, rb[r].d_b, M, rb[r].l.out_local, g->streams[r]));
+        }
+    MV_CHECK(tp_sync(g));
+}
+
 // Run one layer on every rank of g at M tokens and check each rank.
 // Rows [0, M) of x are random; the CPU reference covers rows check_rows
 // (every row, or a sample for large M).
+// Versions: linear_cuda itself (LINEAR_AUTO, the engine's call) under the
+// case's own label; then, labelled by version, cuBLAS forced where
+// linear_cuda chose the GEMV (so cuBLAS stays checked at small M), and the
+// GEMV forced wherever it takes the shape.
 static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, const layer_weights_t *lw,
                           const bf16_t *x_bf, const float *x_f, int M, const float *ref, const int *rows, int n_rows,
                           const char *mode) {
     int tp = g->size;
     rank_buf_t rb[TP_GROUP_MAX];
-    bf16_t *outs[TP_GROUP_MAX];
     (void)x_f;
     for (int r = 0; r < tp; r++) {
         rank_buf_t *b = &rb[r];
@@ -344,56 +385,63 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
         gpu_upload(b->d_w, w, nw * sizeof(bf16_t));
         if (s->bias) gpu_upload(b->d_b, bias, (size_t)b->l.out_local * sizeof(bf16_t));
         gpu_upload(b->d_x, xl, (size_t)M * b->l.in_local * sizeof(bf16_t));
-        gpu_poison(b->d_y, (size_t)M * b->l.out_local * sizeof(bf16_t));
         CUDA_CHECK(cudaDeviceSynchronize());
         free(w); free(bias); free(xl);
     }
-    // The layer: GEMM on every rank; row-parallel then all-reduces and adds the bias once.
-    for (int r = 0; r < tp; r++) {
-        MV_CHECK(tp_set_rank(g, r));
-        // Row-parallel with tp > 1: the bias waits until after the all-reduce,
-        // or every rank would add it.
-        const bf16_t *bias = s->kind == TP_ROW && tp > 1 ? NULL : rb[r].d_b;
-        MV_CHECK(linear_cuda(g->cublas[r], rb[r].d_y, rb[r].d_x, rb[r].d_w, bias, M, rb[r].l.out_local,
-                             rb[r].l.in_local, g->streams[r]));
-        outs[r] = rb[r].d_y;
-    }
-    if (s->kind == TP_ROW && tp > 1) MV_CHECK(tp_all_reduce_bf16(g, outs, (size_t)M * rb[0].l.out_local));
-    if (s->kind == TP_ROW && s->bias && tp > 1)
-        for (int r = 0; r < tp; r++) {
-            MV_CHECK(tp_set_rank(g, r));
-            MV_CHECK(add_bias_cuda(rb[r].d_y, rb[r].d_b, M, rb[r].l.out_local, g->streams[r]));
-        }
-    MV_CHECK(tp_sync(g));
+    // Every rank has the same M, N, K and alignment, so rank 0 speaks for all.
+    const int auto_version = linear_auto_version(rb[0].d_x, rb[0].d_w, M, rb[0].l.out_local, rb[0].l.in_local);
+    int gemv_applies = 1;
+    for (int r = 0; r < tp; r++) gemv_applies &= linear_gemv_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
 
-    // Check each rank: its output columns against the same columns of the reference.
     int N = lw->full.out_features;
     double ss = 0;
     for (int i = 0; i < n_rows; i++)
         for (int n = 0; n < N; n++) ss += (double)ref[(size_t)i * N + n] * ref[(size_t)i * N + n];
     double rms = sqrt(ss / ((double)n_rows * N));
-    tolerance_t tol = tol_gpu(s, tp, rms);
-    for (int r = 0; r < tp; r++) {
-        const tp_linear_t *l = &rb[r].l;
-        bf16_t *y = malloc((size_t)M * l->out_local * sizeof(bf16_t)), *got = malloc((size_t)n_rows * l->out_local * sizeof(bf16_t));
-        float *want = malloc((size_t)n_rows * l->out_local * sizeof(float));
-        if (!y || !got || !want) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
-        MV_CHECK(tp_set_rank(g, r));
-        gpu_download(y, rb[r].d_y, (size_t)M * l->out_local * sizeof(bf16_t));
-        tp_segment_t seg[TP_MAX_PARTS];
-        int ns = tp_linear_segments(l, seg);
-        for (int i = 0; i < n_rows; i++) {
-            memcpy(got + (size_t)i * l->out_local, y + (size_t)rows[i] * l->out_local, l->out_local * sizeof(bf16_t));
-            for (int k = 0; k < ns; k++)
-                memcpy(want + (size_t)i * l->out_local + seg[k].local_offset, ref + (size_t)i * N + seg[k].full_offset,
-                       seg[k].count * sizeof(float));
+    const int versions[3] = {LINEAR_AUTO, LINEAR_CUBLAS, LINEAR_GEMV};
+    for (int vi = 0; vi < 3; vi++) {
+        const int v = versions[vi];
+        if (v == LINEAR_CUBLAS && auto_version == LINEAR_CUBLAS) continue;  // the auto run was cuBLAS
+        if (v == LINEAR_GEMV && !gemv_applies) continue;
+        for (int r = 0; r < tp; r++) {
+            MV_CHECK(tp_set_rank(g, r));
+            gpu_poison(rb[r].d_y, (size_t)M * rb[r].l.out_local * sizeof(bf16_t));
+            CUDA_CHECK(cudaDeviceSynchronize());
         }
-        char label[96], shape[96];
-        snprintf(label, sizeof label, "%s %s rank %d/%d", s->name, mode, r, tp);
-        snprintf(shape, sizeof shape, "M=%d %dx%d%s", M, N, lw->full.in_features, n_rows < M ? " (rows sampled)" : "");
-        harness_check(h, "gpu", tp_kind_name(s->kind), label, shape,
-                      compare_bf16(label, got, want, (size_t)n_rows * l->out_local, tol, 0), tol);
-        free(y); free(got); free(want);
+        run_layer(g, s, rb, M, v);
+
+        // Check each rank: its output columns against the same columns of the reference.
+        tolerance_t tol = tol_gpu(s, tp, rms, v == LINEAR_AUTO ? auto_version : v);
+        for (int r = 0; r < tp; r++) {
+            const tp_linear_t *l = &rb[r].l;
+            bf16_t *y = malloc((size_t)M * l->out_local * sizeof(bf16_t));
+            bf16_t *got = malloc((size_t)n_rows * l->out_local * sizeof(bf16_t));
+            float *want = malloc((size_t)n_rows * l->out_local * sizeof(float));
+            if (!y || !got || !want) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+            MV_CHECK(tp_set_rank(g, r));
+            gpu_download(y, rb[r].d_y, (size_t)M * l->out_local * sizeof(bf16_t));
+            tp_segment_t seg[TP_MAX_PARTS];
+            int ns = tp_linear_segments(l, seg);
+            for (int i = 0; i < n_rows; i++) {
+                memcpy(got + (size_t)i * l->out_local, y + (size_t)rows[i] * l->out_local, l->out_local * sizeof(bf16_t));
+                for (int k = 0; k < ns; k++)
+                    memcpy(want + (size_t)i * l->out_local + seg[k].local_offset, ref + (size_t)i * N + seg[k].full_offset,
+                           seg[k].count * sizeof(float));
+            }
+            char label[96], shape[128];
+            const char *sampled = n_rows < M ? " (rows sampled)" : "";
+            if (v == LINEAR_AUTO) {
+                snprintf(label, sizeof label, "%s %s rank %d/%d", s->name, mode, r, tp);
+                snprintf(shape, sizeof shape, "M=%d %dx%d%s", M, N, lw->full.in_features, sampled);
+            } else {
+                snprintf(label, sizeof label, "%s %s", linear_version_name(v), mode);
+                snprintf(shape, sizeof shape, "%s rank %d/%d M=%d %dx%d%s", s->name, r, tp, M, N,
+                         lw->full.in_features, sampled);
+            }
+            harness_check(h, "gpu", tp_kind_name(s->kind), label, shape,
+                          compare_bf16(label, got, want, (size_t)n_rows * l->out_local, tol, 0), tol);
+            free(y); free(got); free(want);
+        }
     }
     for (int r = 0; r < tp; r++) {
         MV_CHECK(tp_set_rank(g, r));
@@ -404,8 +452,7 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
 
 // One layer at one M: random x, the CPU reference on the checked rows, then
 // every group (real and/or simulated).
-static void check_layer(harness_t *h, rng_t *rng, const layer_spec_t *s, int M, tp_group_t **groups,
-                        const char **modes, int n_groups) {
+static void check_layer(harness_t *h, rng_t *rng, const layer_spec_t *s, int M, tp_check_groups_t *groups) {
     layer_weights_t lw;
     make_weights(&lw, s, rng);
     int K = lw.full.in_features, N = lw.full.out_features;
@@ -426,36 +473,212 @@ static void check_layer(harness_t *h, rng_t *rng, const layer_spec_t *s, int M, 
     if (last != M - 1) rows[n_rows++] = M - 1;
     for (int i = 0; i < n_rows; i++) memcpy(xs + (size_t)i * K, xf + (size_t)rows[i] * K, K * sizeof(float));
     MV_CHECK(linear_cpu(ref, xs, lw.W, lw.b, n_rows, N, K, 0));
-    for (int gi = 0; gi < n_groups; gi++) {
+    for (int gi = 0; gi < groups->n; gi++) {
+        tp_group_t *g = &groups->group[gi];
         // A layer whose shapes the group's tp does not divide is skipped, and said so.
         tp_linear_t probe;
-        if (make_layer(s, groups[gi]->size, 0, &probe)) {
+        if (make_layer(s, g->size, 0, &probe)) {
             char detail[300];
             snprintf(detail, sizeof detail, "skipped: %s", mv_last_error());
             harness_check_bool(h, "gpu", tp_kind_name(s->kind), s->name, 1, detail);
             continue;
         }
-        run_and_check(h, groups[gi], s, &lw, x, xf, M, ref, rows, n_rows, modes[gi]);
+        run_and_check(h, g, s, &lw, x, xf, M, ref, rows, n_rows, groups->mode[gi]);
     }
     free(x); free(xf); free(rows); free(xs); free(ref);
     free_weights(&lw);
 }
 
+// ---- 4. the small-M GEMV on odd shapes, its refusals, and linear_cuda's choice -----------
+
+typedef struct {
+    int M, N, K, bias;
+    int x_off, w_off;  // elements past a 16-byte aligned allocation (1: misaligned)
+    const char *why;   // what the case exercises
+} small_m_case_t;
+
+// Chunks are 16 bytes (8 bf16), slabs 32 chunks; ks warps share a row (kernels/linear.cu).
+static const small_m_case_t SMALL_M_CASES[] = {
+    {1, 1, 8, 0, 0, 0, "the smallest: one row, one chunk"},
+    {1, 3, 8, 1, 0, 0, "odd N below one row pair per warp"},
+    {2, 7, 16, 0, 0, 0, "two chunks"},
+    {3, 33, 264, 1, 0, 0, "33 chunks: one slab and one chunk"},
+    {4, 515, 1000, 0, 0, 0, "125 chunks: a short last slab"},
+    {7, 1001, 1024, 1, 0, 0, "one batch of 4 slabs, odd N, bias"},
+    {8, 999, 3072, 0, 0, 0, "ks = 4, the batch's last slab empty"},
+    {8, 4097, 2048, 1, 0, 0, "ks = 2, one row past a full block"},
+    {5, 77, 8200, 1, 0, 0, "ks = 8 and a second batch of one chunk"},
+    {1, 2049, 16384, 0, 0, 0, "ks = 8, two full batches per warp"},
+    {11, 301, 1024, 1, 0, 0, "M past linear_cuda's threshold"},
+    {16, 129, 520, 0, 0, 0, "the GEMV's largest M"},
+    // The GEMV refuses these; cuBLAS, and so linear_cuda, must still be right.
+    {2, 33, 100, 0, 0, 0, "K % 8 != 0"},
+    {1, 64, 1020, 1, 0, 0, "K % 8 != 0"},
+    {3, 65, 1024, 0, 1, 0, "x one element off 16 bytes"},
+    {3, 65, 1024, 0, 0, 1, "W one element off 16 bytes"},
+    {17, 64, 256, 0, 0, 0, "M past the GEMV's 16"},
+};
+
+// Elements after y, poisoned: a store past the end shows there.
+#define Y_GUARD 64
+
+static int guard_intact(const bf16_t *g, int n) {
+    for (int i = 0; i < n; i++)
+        if (g[i] != POISON_BF16) return 0;
+    return 1;
+}
+
+static int any_poison(const bf16_t *y, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (y[i] == POISON_BF16) return 1;
+    return 0;
+}
+
+// What the GEMV's refusal must name: the value that is wrong.
+static void expected_refusal(const small_m_case_t *c, char *buf, size_t n) {
+    if (c->M > LINEAR_GEMV_MAX_M) snprintf(buf, n, "M = %d", c->M);
+    else if (c->K % 8) snprintf(buf, n, "K = %d", c->K);
+    else if (c->w_off) snprintf(buf, n, "W (");
+    else snprintf(buf, n, "x (");
+}
+
+static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const small_m_case_t *c) {
+    const int M = c->M, N = c->N, K = c->K;
+    size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    bf16_t *x = malloc(nx * sizeof(bf16_t)), *w = malloc(nw * sizeof(bf16_t)), *b = malloc(N * sizeof(bf16_t));
+    bf16_t *y = malloc((ny + Y_GUARD) * sizeof(bf16_t));
+    float *xf = malloc(nx * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    if (!x || !w || !b || !y || !xf || !ref) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_bf16(rng, x, nx, 0, 1);
+    fill_uniform_bf16(rng, w, nw, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+    fill_uniform_bf16(rng, b, (size_t)N, -0.5f, 0.5f);
+    bf16_to_float_array(xf, x, nx);
+    MV_CHECK(linear_cpu(ref, xf, w, c->bias ? b : NULL, M, N, K, 0));
+    double ss = 0;
+    for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
+    const double rms = sqrt(ss / (double)ny);
+
+    bf16_t *x_base = gpu_alloc((nx + 8) * sizeof(bf16_t)), *w_base = gpu_alloc((nw + 8) * sizeof(bf16_t));
+    bf16_t *d_b = gpu_alloc(N * sizeof(bf16_t)), *d_y = gpu_alloc((ny + Y_GUARD) * sizeof(bf16_t));
+    bf16_t *d_x = x_base + c->x_off, *d_w = w_base + c->w_off;
+    gpu_upload(d_x, x, nx * sizeof(bf16_t));
+    gpu_upload(d_w, w, nw * sizeof(bf16_t));
+    gpu_upload(d_b, b, N * sizeof(bf16_t));
+
+    char shape[128];
+    snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s%s%s: %s", M, N, K, c->bias ? " +bias" : "",
+             c->x_off ? " x+1" : "", c->w_off ? " W+1" : "", c->why);
+    const int applies = linear_gemv_applies(d_x, d_w, M, K);
+    const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
+    const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
+    const int want_auto = M <= max_m && applies ? LINEAR_GEMV : LINEAR_CUBLAS;
+    char detail[320];
+    snprintf(detail, sizeof detail, "%s: picks %s", shape, linear_version_name(auto_version));
+    harness_check_bool(h, "gpu", "small-m", "linear_cuda's choice", auto_version == want_auto, detail);
+
+    const int versions[3] = {LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_AUTO};
+    for (int vi = 0; vi < 3; vi++) {
+        const int v = versions[vi];
+        const int ran = v == LINEAR_AUTO ? auto_version : v;
+        char label[64];
+        snprintf(label, sizeof label, "%s", v == LINEAR_AUTO ? "linear_cuda (auto)" : linear_version_name(v));
+        gpu_poison(d_y, (ny + Y_GUARD) * sizeof(bf16_t));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        int rc = linear_cuda_version(v, handle, d_y, d_x, d_w, c->bias ? d_b : NULL, M, N, K, 0);
+        if (v == LINEAR_GEMV && !applies) {
+            // Refused, with an error that names the wrong value; nothing launched.
+            char named[64];
+            expected_refusal(c, named, sizeof named);
+            snprintf(detail, sizeof detail, "%s: %s", shape, rc ? mv_last_error() : "accepted (wrong)");
+            harness_check_bool(h, "gpu", "small-m", "v2-gemv refuses", rc != 0 && strstr(mv_last_error(), named), detail);
+            continue;
+        }
+        if (rc) {
+            snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
+            harness_check_bool(h, "gpu", "small-m", label, 0, detail);
+            continue;
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_download(y, d_y, (ny + Y_GUARD) * sizeof(bf16_t));
+        tolerance_t tol = tol_one_rounding(rms, ran);
+        harness_check(h, "gpu", "small-m", label, shape, compare_bf16(label, y, ref, ny, tol, 0), tol);
+        snprintf(detail, sizeof detail, "%s %s: the %d bf16 after y %s", label, shape, Y_GUARD,
+                 guard_intact(y + ny, Y_GUARD) ? "untouched" : "written (an overrun)");
+        harness_check_bool(h, "gpu", "small-m", "no store past y", guard_intact(y + ny, Y_GUARD), detail);
+    }
+    gpu_free(x_base); gpu_free(w_base); gpu_free(d_b); gpu_free(d_y);
+    free(x); free(w); free(b); free(y); free(xf); free(ref);
+}
+
+// The GEMV's sums do not depend on M or N (kernels/linear.cu: the warps that
+// split K depend on K alone): a batch's first rows must equal, bit for bit,
+// the same tokens run as a batch of 1 and of 3, and a layer's first columns
+// the same weight rows run as a narrower layer (whose blocks hold fewer rows).
+static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rng) {
+    const int M = 8, N = 2049, K = 3072, N_narrow = 130;
+    bf16_t *x = malloc((size_t)M * K * sizeof(bf16_t)), *w = malloc((size_t)N * K * sizeof(bf16_t));
+    bf16_t *b = malloc(N * sizeof(bf16_t)), *y8 = malloc((size_t)M * N * sizeof(bf16_t));
+    bf16_t *y1 = malloc(N * sizeof(bf16_t)), *y3 = malloc(3 * (size_t)N * sizeof(bf16_t));
+    bf16_t *yn = malloc((size_t)M * N_narrow * sizeof(bf16_t));
+    if (!x || !w || !b || !y8 || !y1 || !y3 || !yn) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_bf16(rng, x, (size_t)M * K, 0, 1);
+    fill_uniform_bf16(rng, w, (size_t)N * K, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+    fill_uniform_bf16(rng, b, (size_t)N, -0.5f, 0.5f);
+    bf16_t *d_x = gpu_alloc((size_t)M * K * sizeof(bf16_t)), *d_w = gpu_alloc((size_t)N * K * sizeof(bf16_t));
+    bf16_t *d_b = gpu_alloc(N * sizeof(bf16_t)), *d_y8 = gpu_alloc((size_t)M * N * sizeof(bf16_t));
+    bf16_t *d_y1 = gpu_alloc(N * sizeof(bf16_t)), *d_y3 = gpu_alloc(3 * (size_t)N * sizeof(bf16_t));
+    bf16_t *d_yn = gpu_alloc((size_t)M * N_narrow * sizeof(bf16_t));
+    gpu_upload(d_x, x, (size_t)M * K * sizeof(bf16_t));
+    gpu_upload(d_w, w, (size_t)N * K * sizeof(bf16_t));
+    gpu_upload(d_b, b, N * sizeof(bf16_t));
+    gpu_poison(d_y8, (size_t)M * N * sizeof(bf16_t));
+    gpu_poison(d_y1, N * sizeof(bf16_t));
+    gpu_poison(d_y3, 3 * (size_t)N * sizeof(bf16_t));
+    gpu_poison(d_yn, (size_t)M * N_narrow * sizeof(bf16_t));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y8, d_x, d_w, d_b, M, N, K, 0));
+    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y1, d_x, d_w, d_b, 1, N, K, 0));
+    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y3, d_x, d_w, d_b, 3, N, K, 0));
+    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_yn, d_x, d_w, d_b, M, N_narrow, K, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    gpu_download(y8, d_y8, (size_t)M * N * sizeof(bf16_t));
+    gpu_download(y1, d_y1, N * sizeof(bf16_t));
+    gpu_download(y3, d_y3, 3 * (size_t)N * sizeof(bf16_t));
+    gpu_download(yn, d_yn, (size_t)M * N_narrow * sizeof(bf16_t));
+    // Poison left anywhere would make two unwritten outputs look "identical".
+    int same_m = !any_poison(y8, (size_t)M * N) && !memcmp(y1, y8, N * sizeof(bf16_t)) &&
+                 !memcmp(y3, y8, 3 * (size_t)N * sizeof(bf16_t));
+    int same_n = !any_poison(y8, (size_t)M * N);
+    for (int m = 0; m < M; m++) same_n &= !memcmp(yn + (size_t)m * N_narrow, y8 + (size_t)m * N, N_narrow * sizeof(bf16_t));
+    char detail[200];
+    snprintf(detail, sizeof detail, "N=%d K=%d +bias: tokens 0..2 at M = 1, 3 and 8 %s", N, K,
+             same_m ? "identical" : "DIFFER");
+    harness_check_bool(h, "gpu", "small-m", "v2-gemv same bits at any M", same_m, detail);
+    snprintf(detail, sizeof detail, "M=%d K=%d +bias: columns 0..%d at N = %d and %d %s", M, K, N_narrow - 1, N_narrow, N,
+             same_n ? "identical" : "DIFFER");
+    harness_check_bool(h, "gpu", "small-m", "v2-gemv same bits at any N", same_n, detail);
+    gpu_free(d_x); gpu_free(d_w); gpu_free(d_b); gpu_free(d_y8); gpu_free(d_y1); gpu_free(d_y3); gpu_free(d_yn);
+    free(x); free(w); free(b); free(y8); free(y1); free(y3); free(yn);
+}
+
 typedef struct {
     cublasHandle_t handle;
+    int version;
     bf16_t *d_y, *d_x, *d_w;
     int M, N, K;
 } gemm_ctx_t;
 
 static int run_gemm(void *p, cudaStream_t s) {
     gemm_ctx_t *c = p;
-    return linear_cuda(c->handle, c->d_y, c->d_x, c->d_w, NULL, c->M, c->N, c->K, s);
+    return linear_cuda_version(c->version, c->handle, c->d_y, c->d_x, c->d_w, NULL, c->M, c->N, c->K, s);
 }
 
-// Time one GEMM of rank 0's shard (tp = 1: the whole layer) on GPU 0.
+// Time one GEMM of rank 0's shard (tp = 1: the whole layer) on GPU 0, one
+// launch per timed run; cuBLAS (version 1) forced, so these rows stay
+// cuBLAS's whatever linear_cuda would pick.
 static void time_gemm(harness_t *h, cublasHandle_t handle, rng_t *rng, const char *case_name, const char *label,
                       int M, int N, int K) {
-    gemm_ctx_t c = {handle, NULL, NULL, NULL, M, N, K};
+    gemm_ctx_t c = {handle, LINEAR_CUBLAS, NULL, NULL, NULL, M, N, K};
     size_t nx = (size_t)M * K, nw = (size_t)N * K;
     bf16_t *hx = malloc((nx > nw ? nx : nw) * sizeof(bf16_t));
     if (!hx) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
@@ -475,6 +698,106 @@ static void time_gemm(harness_t *h, cublasHandle_t handle, rng_t *rng, const cha
     double bytes = 2.0 * ((double)N * K + (double)M * K + (double)M * N);
     harness_timing(h, case_name, label, shape, ms, bytes, 2.0 * M * N * K, 0);
     gpu_free(c.d_x); gpu_free(c.d_w); gpu_free(c.d_y);
+}
+
+// ---- 5. small M: cuBLAS against the GEMV, as a decode step runs them -----------------------
+//
+// One launch timed alone (time_gemm) carries ~5 us of fixed cost in this
+// harness (chapter 02 times a 4 KB RMSNorm row at 5.5-6 us), as much as the
+// whole weight stream of these layers at M = 1. A decode step instead runs
+// its kernels back to back in a CUDA graph. So here each timed run is a
+// graph of SMALL_M_COPIES launches of the same layer, each over its own copy
+// of the weight (after the L2 flush no copy is in cache, so every launch
+// reads its weight from HBM), and the time per launch is the run's median
+// over SMALL_M_COPIES: the launch gaps of a graph and each kernel's ramp-up
+// and tail stay in, as in the engine.
+#define SMALL_M_COPIES 16
+
+typedef struct {
+    cudaGraphExec_t exec;
+} graph_ctx_t;
+
+static int run_graph(void *p, cudaStream_t s) {
+    return CUDA_TRY(cudaGraphLaunch(((graph_ctx_t *)p)->exec, s));
+}
+
+// *ms = the time per launch; returns -1 (with mv_error) if the launches
+// could not be captured, so that one row is lost, not the run's record.
+static int time_per_launch(const gemm_ctx_t *c0, size_t nw, timing_opts_t opts, double *ms) {
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaGraph_t graph = NULL;
+    graph_ctx_t g = {NULL};
+    int rc = CUDA_TRY(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    if (!rc) {
+        for (int i = 0; !rc && i < SMALL_M_COPIES; i++) {
+            gemm_ctx_t c = *c0;
+            c.d_w += (size_t)i * nw;
+            rc = run_gemm(&c, cs);
+        }
+        // End the capture even after a failed launch, so the stream leaves capture mode.
+        cudaError_t end = cudaStreamEndCapture(cs, &graph);
+        if (!rc) rc = CUDA_TRY(end);
+    }
+    if (!rc) rc = CUDA_TRY(cudaGraphInstantiate(&g.exec, graph, 0));
+    if (!rc) *ms = gpu_time_ms(run_graph, &g, opts) / SMALL_M_COPIES;
+    if (rc) (void)cudaGetLastError();  // a failed capture's error must not surface at the next launch
+    if (g.exec) CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+    if (graph) CUDA_CHECK(cudaGraphDestroy(graph));
+    CUDA_CHECK(cudaStreamDestroy(cs));
+    return rc;
+}
+
+// A whole layer (tp = 1) at M = 1..64, both versions (the GEMV up to its 16).
+// cuBLAS gets a handle of its own here, destroyed after the graphs that
+// captured it: whatever it allocated during a capture stays out of the
+// other timings.
+static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
+    cublasHandle_t handle;
+    CUBLAS_CHECK(cublasCreate(&handle));
+    tp_linear_t l;
+    MV_CHECK(make_layer(s, 1, 0, &l));
+    const int N = l.out_local, K = l.in_local, max_M = 64;
+    const size_t nw = (size_t)N * K;
+    bf16_t *hbuf = malloc((nw > (size_t)max_M * K ? nw : (size_t)max_M * K) * sizeof(bf16_t));
+    if (!hbuf) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    gemm_ctx_t c = {handle, 0, NULL, NULL, NULL, 0, N, K};
+    c.d_w = gpu_alloc(SMALL_M_COPIES * nw * sizeof(bf16_t));  // copy i at d_w + i * nw: 16-byte aligned (K % 8 == 0)
+    c.d_x = gpu_alloc((size_t)max_M * K * sizeof(bf16_t));
+    c.d_y = gpu_alloc((size_t)max_M * N * sizeof(bf16_t));
+    fill_uniform_bf16(rng, hbuf, nw, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+    gpu_upload(c.d_w, hbuf, nw * sizeof(bf16_t));
+    for (int i = 1; i < SMALL_M_COPIES; i++)
+        CUDA_CHECK(cudaMemcpy(c.d_w + (size_t)i * nw, c.d_w, nw * sizeof(bf16_t), cudaMemcpyDeviceToDevice));
+    fill_normal_bf16(rng, hbuf, (size_t)max_M * K, 0, 1);
+    gpu_upload(c.d_x, hbuf, (size_t)max_M * K * sizeof(bf16_t));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    free(hbuf);
+
+    timing_opts_t opts = {3, h->quick ? 10 : 30, 1};
+    const int Ms[] = {1, 2, 4, 8, 16, 32, 64};
+    for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
+        c.M = Ms[i];
+        for (int v = LINEAR_CUBLAS; v <= LINEAR_GEMV; v++) {
+            if (v == LINEAR_GEMV && !linear_gemv_applies(c.d_x, c.d_w, c.M, K)) continue;
+            c.version = v;
+            char label[64], shape[64];
+            snprintf(label, sizeof label, "%s %s", s->name, linear_version_name(v));
+            snprintf(shape, sizeof shape, "M=%d N=%d K=%d", c.M, N, K);
+            double ms = 0;
+            if (time_per_launch(&c, nw, opts, &ms)) {
+                char detail[320];
+                snprintf(detail, sizeof detail, "%s %s: %s", label, shape, mv_last_error());
+                harness_check_bool(h, "gpu", "small-m", "timing: 16 launches captured in a graph", 0, detail);
+                continue;
+            }
+            // Bytes: the weight read once, x read, y written. FLOPs: 2*M*N*K.
+            double bytes = 2.0 * ((double)N * K + (double)c.M * K + (double)c.M * N);
+            harness_timing(h, "small-m", label, shape, ms, bytes, 2.0 * c.M * N * K, 0);
+        }
+    }
+    gpu_free(c.d_w); gpu_free(c.d_x); gpu_free(c.d_y);
+    CUBLAS_CHECK(cublasDestroy(handle));
 }
 
 typedef struct {
@@ -533,41 +856,29 @@ int main(int argc, char **argv) {
 
 #if MV_HAVE_CUDA
     if (h.use_gpu) {
-        // Groups: real tp over every visible GPU (NCCL), or tp = 1 plus a
-        // simulated tp = 2 on one GPU.
-        tp_group_t real = {0}, one = {0}, sim2 = {0};
-        tp_group_t *groups[2];
-        const char *modes[2];
-        int n_groups = 0, multi = h.gpu.device_count >= 2 && MV_HAVE_NCCL;
-        if (multi) {
-            int n = h.gpu.device_count > TP_GROUP_MAX ? TP_GROUP_MAX : h.gpu.device_count;
-            MV_CHECK(tp_group_init(&real, n));
-            groups[n_groups] = &real;
-            modes[n_groups++] = "nccl";
-        } else {
-            MV_CHECK(tp_group_init_simulated(&one, 1));
-            MV_CHECK(tp_group_init_simulated(&sim2, 2));
-            groups[n_groups] = &one;
-            modes[n_groups++] = "1gpu";
-            groups[n_groups] = &sim2;
-            modes[n_groups++] = "2 shards on 1 gpu";
-        }
-        harness_section(&h, multi ? "GPU: tp = number of GPUs over NCCL, every rank against the CPU"
-                                  : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
+        tp_check_groups_t groups;
+        MV_CHECK(tp_check_groups_init(&groups, h.gpu.device_count));
+        harness_section(&h, groups.real ? "GPU: tp = number of GPUs over NCCL, every rank against the CPU"
+                                        : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
         int check_M[] = {1, 7, 64, 256};
         for (size_t i = 0; i < 4; i++)
-            for (int k = 0; k < 4; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], check_M[k], groups, modes, n_groups);
+            for (int k = 0; k < 4; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], check_M[k], &groups);
         for (size_t i = 0; i < 3; i++)
-            for (int k = 0; k < 4; k += 3) check_layer(&h, &rng, &OTHER_LAYERS[i], check_M[k], groups, modes, n_groups);
+            for (int k = 0; k < 4; k += 3) check_layer(&h, &rng, &OTHER_LAYERS[i], check_M[k], &groups);
+
+        harness_section(&h, "GPU: the small-M GEMV (v2) on odd shapes, its refusals, and linear_cuda's choice");
+        cublasHandle_t handle;
+        CUBLAS_CHECK(cublasCreate(&handle));
+        for (size_t i = 0; i < sizeof SMALL_M_CASES / sizeof SMALL_M_CASES[0]; i++)
+            check_small_m(&h, handle, &rng, &SMALL_M_CASES[i]);
+        check_gemv_invariance(&h, handle, &rng);
         if (h.do_timing) {
             int big_M[] = {4096, 16384};
             for (size_t i = 0; i < 4; i++)
-                for (int k = 0; k < 2; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], big_M[k], groups, modes, n_groups);
+                for (int k = 0; k < 2; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], big_M[k], &groups);
 
             harness_section(&h, "Timing on GPU 0: Qwen3-0.6B projections, whole (tp = 1) and one tp = 2 shard");
             int time_M[] = {1, 8, 64, 256, 4096, 16384};
-            cublasHandle_t handle;
-            CUBLAS_CHECK(cublasCreate(&handle));
             for (size_t i = 0; i < 4; i++) {
                 const layer_spec_t *s = &QWEN3_LAYERS[i];
                 tp_linear_t l1, l2;
@@ -581,17 +892,17 @@ int main(int argc, char **argv) {
                     time_gemm(&h, handle, &rng, "gemm", label, time_M[k], l2.out_local, l2.in_local);
                 }
             }
-            CUBLAS_CHECK(cublasDestroy(handle));
-            if (multi) {
+            if (groups.real) {
                 harness_section(&h, "NCCL all-reduce of hidden-size activations");
-                for (int k = 0; k < 6; k++) time_all_reduce(&h, &real, time_M[k], 1024);
+                for (int k = 0; k < 6; k++) time_all_reduce(&h, &groups.group[0], time_M[k], 1024);
             }
+
+            harness_section(&h, "Small M on GPU 0: cuBLAS (v1) against the GEMV (v2), 16 launches back to back "
+                                "in a CUDA graph, time per launch");
+            for (size_t i = 0; i < 4; i++) time_small_m(&h, &rng, &QWEN3_LAYERS[i]);
         }
-        if (multi) tp_group_destroy(&real);
-        else {
-            tp_group_destroy(&one);
-            tp_group_destroy(&sim2);
-        }
+        CUBLAS_CHECK(cublasDestroy(handle));
+        tp_check_groups_destroy(&groups);
     }
 #endif
     return harness_end(&h);

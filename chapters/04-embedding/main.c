@@ -133,7 +133,7 @@ static void simulate_tp(harness_t *h, rng_t *rng, int vocab, int H, int tp, int 
 // ---- 2. and 3. the GPU half ------------------------------------------------------------
 #if MV_HAVE_CUDA
 static tolerance_t tol_logits(double ref_rms) {
-    return (tolerance_t){1e-5 * ref_rms + 1e-6, 1.0 / 256 + 1e-5, 1.01 / 65536,
+    return (tolerance_t){1e-5 * ref_rms + 1e-6, BF16_HALF_ULP + 1e-5, BF16_HALF_ULP * BF16_HALF_ULP * 1.01,
         "bf16 logits: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
         "the CPU's by ~sqrt(H) * 2^-24 * sum|x*w|, far below that"};
 }
@@ -399,27 +399,14 @@ int main(int argc, char **argv) {
 
 #if MV_HAVE_CUDA
     if (h.use_gpu) {
-        tp_group_t real = {0}, one = {0}, sim2 = {0};
-        tp_group_t *groups[2];
-        const char *modes[2];
-        int n_groups = 0, multi = h.gpu.device_count >= 2 && MV_HAVE_NCCL;
-        if (multi) {
-            MV_CHECK(tp_group_init(&real, h.gpu.device_count > TP_GROUP_MAX ? TP_GROUP_MAX : h.gpu.device_count));
-            groups[n_groups] = &real;
-            modes[n_groups++] = "nccl";
-        } else {
-            MV_CHECK(tp_group_init_simulated(&one, 1));
-            MV_CHECK(tp_group_init_simulated(&sim2, 2));
-            groups[n_groups] = &one;
-            modes[n_groups++] = "1gpu";
-            groups[n_groups] = &sim2;
-            modes[n_groups++] = "2 shards on 1 gpu";
-        }
+        tp_check_groups_t groups;
+        MV_CHECK(tp_check_groups_init(&groups, h.gpu.device_count));
         static const vocab_config_t configs[] = {
             {"qwen3-0.6b 151936x1024 tied", 151936, 1024, 1},
             {"small 1001x64 untied", 1001, 64, 0},
         };
-        harness_section(&h, multi ? "GPU: tp = number of GPUs over NCCL" : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
+        harness_section(&h, groups.real ? "GPU: tp = number of GPUs over NCCL"
+                                        : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
         for (int ci = 0; ci < 2; ci++) {
             const vocab_config_t *c = &configs[ci];
             size_t n = (size_t)c->vocab * c->H;
@@ -428,32 +415,30 @@ int main(int argc, char **argv) {
             // Qwen3's embeddings are small (std ~0.03); the scale does not matter for a copy.
             fill_normal_bf16(&rng, table, n, 0, 0.05f);
             if (!c->tied) fill_normal_bf16(&rng, lm, n, 0, 0.05f);
-            for (int gi = 0; gi < n_groups; gi++) {
+            for (int gi = 0; gi < groups.n; gi++) {
+                tp_group_t *g = &groups.group[gi];
+                const char *mode = groups.mode[gi];
                 vocab_ranks_t vr;
-                upload_ranks(groups[gi], c, table, lm, &vr);
+                upload_ranks(g, c, table, lm, &vr);
                 if (c->tied)
-                    harness_check_bool(&h, "gpu", "tied", modes[gi], vr.d_lm[0] == vr.d_table[0],
+                    harness_check_bool(&h, "gpu", "tied", mode, vr.d_lm[0] == vr.d_table[0],
                                        "tie_word_embeddings: the LM head uses the embedding's device buffer");
-                check_embedding(&h, &rng, groups[gi], modes[gi], c, table, &vr, 1);
-                check_embedding(&h, &rng, groups[gi], modes[gi], c, table, &vr, 333);
+                check_embedding(&h, &rng, g, mode, c, table, &vr, 1);
+                check_embedding(&h, &rng, g, mode, c, table, &vr, 333);
                 int32_t cu[6] = {0, 1, 8, 24, 57, 157};  // 5 sequences: 1, 7, 16, 33, 100 tokens
-                check_lm_head(&h, &rng, groups[gi], modes[gi], c, lm, &vr, 157, cu, 5);
-                check_lm_head(&h, &rng, groups[gi], modes[gi], c, lm, &vr, 8, NULL, 0);
-                check_lm_head(&h, &rng, groups[gi], modes[gi], c, lm, &vr, 1, NULL, 0);
-                free_ranks(groups[gi], c, &vr);
+                check_lm_head(&h, &rng, g, mode, c, lm, &vr, 157, cu, 5);
+                check_lm_head(&h, &rng, g, mode, c, lm, &vr, 8, NULL, 0);
+                check_lm_head(&h, &rng, g, mode, c, lm, &vr, 1, NULL, 0);
+                free_ranks(g, c, &vr);
             }
             if (ci == 0 && h.do_timing) {
                 harness_section(&h, "Timing on GPU 0: Qwen3-0.6B embedding and LM head");
-                time_all(&h, &rng, c, table, multi ? &real : NULL);
+                time_all(&h, &rng, c, table, groups.real ? &groups.group[0] : NULL);
             }
             if (!c->tied) free(lm);
             free(table);
         }
-        if (multi) tp_group_destroy(&real);
-        else {
-            tp_group_destroy(&one);
-            tp_group_destroy(&sim2);
-        }
+        tp_check_groups_destroy(&groups);
     }
 #endif
     return harness_end(&h);

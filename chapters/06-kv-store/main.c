@@ -49,12 +49,6 @@
 #include "kernels/kv_store.h"
 #endif
 
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
-    return p;
-}
-
 // Exact comparison of two caches [num_slots, row] (a copy has no tolerance):
 // the number of differing elements, and the first one located as
 // (block, offset, head, dim) in `detail`.
@@ -98,7 +92,7 @@ typedef struct {
 static void pool_init(pool_t *p, rng_t *rng, int num_blocks, int block_size) {
     p->num_blocks = num_blocks;
     p->block_size = block_size;
-    p->free_blocks = xmalloc(sizeof(int32_t) * (size_t)num_blocks);
+    p->free_blocks = mv_xmalloc(sizeof(int32_t) * (size_t)num_blocks);
     for (int i = 0; i < num_blocks; i++) p->free_blocks[i] = i;
     for (int i = num_blocks - 1; i > 0; i--) {
         int j = rng_int(rng, 0, i);
@@ -190,13 +184,13 @@ static void check_layout_via_block_tables(harness_t *h, rng_t *rng, int block_si
     const int Hkv = 2, D = 8, row = Hkv * D, NB = 40;
     pool_t p;
     pool_init(&p, rng, NB, block_size);
-    int32_t *slots = xmalloc(sizeof(int32_t) * 16 * (size_t)block_size);  // step 1 has < 10 blocks of tokens
+    int32_t *slots = mv_xmalloc(sizeof(int32_t) * 16 * (size_t)block_size);  // step 1 has < 10 blocks of tokens
     int T = 0;
     make_step(&p, rng, 1, slots, &T);
     // The k row of a token carries (sequence, position) as raw bit patterns
     // (a copy moves bits, not values), so a row found in the cache names
     // where it came from: k[0] = seq, k[1] = pos; v[1] = pos + 0x2000.
-    bf16_t *k = xmalloc(sizeof(bf16_t) * (size_t)T * row), *v = xmalloc(sizeof(bf16_t) * (size_t)T * row);
+    bf16_t *k = mv_xmalloc(sizeof(bf16_t) * (size_t)T * row), *v = mv_xmalloc(sizeof(bf16_t) * (size_t)T * row);
     int t = 0;
     for (int s = 0; s < p.num_seqs; s++)
         for (int pos = 0; pos < p.seqs[s].len; pos++, t++)
@@ -206,7 +200,7 @@ static void check_layout_via_block_tables(harness_t *h, rng_t *rng, int block_si
                 v[(size_t)t * row + e] = (bf16_t)(bits + 0x2000);
             }
     const size_t cache_n = (size_t)NB * block_size * row;
-    bf16_t *kc = xmalloc(cache_n * 2), *vc = xmalloc(cache_n * 2);
+    bf16_t *kc = mv_xmalloc(cache_n * 2), *vc = mv_xmalloc(cache_n * 2);
     poison_host(kc, cache_n * 2);
     poison_host(vc, cache_n * 2);
     MV_CHECK(store_kvcache_cpu(k, row, v, row, kc, vc, slots, T, Hkv, D, block_size, NB));
@@ -289,7 +283,7 @@ static bf16_t *upload_kv(const kcase_t *c, int T, const bf16_t *h_k, const bf16_
     if (c->in_qkv) {
         // Whole QKV rows: q (2*Hkv heads, poison: never read), then k, then v.
         const size_t qkv_row = 4 * row;
-        bf16_t *h_qkv = xmalloc((size_t)T * qkv_row * 2);
+        bf16_t *h_qkv = mv_xmalloc((size_t)T * qkv_row * 2);
         poison_host(h_qkv, (size_t)T * qkv_row * 2);
         for (int t = 0; t < T; t++) {
             memcpy(h_qkv + (size_t)t * qkv_row + 2 * row, h_k + (size_t)t * row, row * 2);
@@ -305,9 +299,9 @@ static bf16_t *upload_kv(const kcase_t *c, int T, const bf16_t *h_k, const bf16_
         return buf;
     }
     // v starts 8 elements (16 bytes) after k ends, so both stay 16-byte
-    // aligned unless the case asks for misalignment. (Run 9 placed v one
-    // element after k, which silently sent every "contiguous" case down the
-    // 2-byte path; see docs/perf-notes.md.)
+    // aligned unless the case asks for misalignment. With v one element
+    // after k, every "contiguous" case would silently take the 2-byte path
+    // (on one H200, T = 65536: 82% of copy instead of 92%).
     bf16_t *buf = gpu_alloc((2 * (size_t)T * row + 16) * 2);
     bf16_t *k = buf + c->misalign, *v = buf + (size_t)T * row + 8 + c->misalign;
     gpu_upload(k, h_k, (size_t)T * row * 2);
@@ -328,8 +322,8 @@ static void check_steps(harness_t *h, rng_t *rng, kcase_t c) {
     const int NB = 48, bs = c.block_size, row = c.Hkv * c.D;
     const long long num_slots = (long long)NB * bs;
     const size_t cache_n = (size_t)num_slots * row;
-    bf16_t *want_k = xmalloc(cache_n * 2), *want_v = xmalloc(cache_n * 2);
-    bf16_t *got_k = xmalloc(cache_n * 2), *got_v = xmalloc(cache_n * 2);
+    bf16_t *want_k = mv_xmalloc(cache_n * 2), *want_v = mv_xmalloc(cache_n * 2);
+    bf16_t *got_k = mv_xmalloc(cache_n * 2), *got_v = mv_xmalloc(cache_n * 2);
     bf16_t *d_kc = gpu_alloc(cache_n * 2), *d_vc = gpu_alloc(cache_n * 2);
     int32_t *slots[2];
     int T[2];
@@ -338,11 +332,11 @@ static void check_steps(harness_t *h, rng_t *rng, kcase_t c) {
     pool_t p;
     pool_init(&p, rng, NB, bs);
     for (int st = 0; st < 2; st++) {
-        slots[st] = xmalloc(sizeof(int32_t) * 16 * (size_t)bs);
+        slots[st] = mv_xmalloc(sizeof(int32_t) * 16 * (size_t)bs);
         make_step(&p, rng, st + 1, slots[st], &T[st]);
         MV_CHECK(kv_store_validate_slots(slots[st], T[st], num_slots));  // before any kernel runs
-        h_k[st] = xmalloc((size_t)T[st] * row * 2);
-        h_v[st] = xmalloc((size_t)T[st] * row * 2);
+        h_k[st] = mv_xmalloc((size_t)T[st] * row * 2);
+        h_v[st] = mv_xmalloc((size_t)T[st] * row * 2);
         fill_normal_bf16(rng, h_k[st], (size_t)T[st] * row, 0.0f, 1.0f);
         fill_normal_bf16(rng, h_v[st], (size_t)T[st] * row, 0.0f, 1.0f);
     }
@@ -396,13 +390,13 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, kcas
     const size_t cache_n = (size_t)num_slots * row;
     pool_t p;
     pool_init(&p, rng, NB, bs);
-    int32_t *slots = xmalloc(sizeof(int32_t) * (size_t)T);
+    int32_t *slots = mv_xmalloc(sizeof(int32_t) * (size_t)T);
     for (int t = 0; t < T; t++) slots[t] = p.free_blocks[t / bs] * bs + t % bs;
     MV_CHECK(kv_store_validate_slots(slots, T, num_slots));
-    bf16_t *h_k = xmalloc((size_t)T * row * 2), *h_v = xmalloc((size_t)T * row * 2);
+    bf16_t *h_k = mv_xmalloc((size_t)T * row * 2), *h_v = mv_xmalloc((size_t)T * row * 2);
     fill_normal_bf16(rng, h_k, (size_t)T * row, 0.0f, 1.0f);
     fill_normal_bf16(rng, h_v, (size_t)T * row, 0.0f, 1.0f);
-    bf16_t *want_k = xmalloc(cache_n * 2), *want_v = xmalloc(cache_n * 2), *got = xmalloc(cache_n * 2);
+    bf16_t *want_k = mv_xmalloc(cache_n * 2), *want_v = mv_xmalloc(cache_n * 2), *got = mv_xmalloc(cache_n * 2);
     poison_host(want_k, cache_n * 2);
     poison_host(want_v, cache_n * 2);
     MV_CHECK(store_kvcache_cpu(h_k, row, h_v, row, want_k, want_v, slots, T, c.Hkv, c.D, bs, NB));

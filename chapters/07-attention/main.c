@@ -53,6 +53,7 @@
 #include <string.h>
 
 #include "chapters/07-attention/attention_cases.h"
+#include "common/bf16.h"
 #include "common/check.h"
 #include "common/compare.h"
 #include "common/harness.h"
@@ -65,12 +66,6 @@ static const tolerance_t TOL_F64 = {
     "fp32 output of a float64 computation vs a float64 formula: both sum in float64 (in other "
     "orders, ~1e-15 apart); the reference rounds each output to float once, 2^-24 relative"};
 static const tolerance_t TOL_EXACT = {0, 0, 0, "a single key has weight exactly 1: its value is copied"};
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
-    return p;
-}
 
 // ---- 1. values computed by hand ------------------------------------------------------
 
@@ -115,11 +110,11 @@ static void check_ragged(harness_t *h, rng_t *rng, int block_size, int H, int Hk
     attn_case_t c;
     MV_CHECK(attn_case_make(&c, rng, specs, S, H, Hkv, D, block_size));
     const size_t n_out = (size_t)c.T_q * H * D, n_dec = (size_t)S * H * D;
-    double *want = xmalloc(sizeof(double) * n_out), *want_dec = xmalloc(sizeof(double) * n_dec);
-    float *out = xmalloc(sizeof(float) * n_out), *out_contig = xmalloc(sizeof(float) * n_out);
-    float *out_1thread = xmalloc(sizeof(float) * n_out), *out_3threads = xmalloc(sizeof(float) * n_out);
-    float *q_dec = xmalloc(sizeof(float) * n_dec), *out_dec = xmalloc(sizeof(float) * n_dec);
-    float *last_rows = xmalloc(sizeof(float) * n_dec);
+    double *want = mv_xmalloc(sizeof(double) * n_out), *want_dec = mv_xmalloc(sizeof(double) * n_dec);
+    float *out = mv_xmalloc(sizeof(float) * n_out), *out_contig = mv_xmalloc(sizeof(float) * n_out);
+    float *out_1thread = mv_xmalloc(sizeof(float) * n_out), *out_3threads = mv_xmalloc(sizeof(float) * n_out);
+    float *q_dec = mv_xmalloc(sizeof(float) * n_dec), *out_dec = mv_xmalloc(sizeof(float) * n_dec);
+    float *last_rows = mv_xmalloc(sizeof(float) * n_dec);
     MV_CHECK(attention_f64(want, &c));
 
     int max_ctx = 0;
@@ -205,7 +200,6 @@ static void check_rejections(harness_t *h) {
 #if MV_HAVE_CUDA
 #include "kernels/attention.h"
 
-#define BF16_HALF_ULP (1.0 / 256)  // 2^-8: bf16 keeps 8 significant bits
 // Naive prefill, naive decode, split decode: fp32 scores, softmax and sums.
 static const tolerance_t TOL_GPU = {
     1e-4, BF16_HALF_ULP + 1e-5, (BF16_HALF_ULP + 1e-5) * (BF16_HALF_ULP + 1e-5),
@@ -263,7 +257,7 @@ static void pack_rows(bf16_t *dst, size_t stride, size_t col0, const float *src,
 
 static bf16_t *upload_packed(const float *src, size_t rows, size_t cols, size_t stride, size_t col0,
                              const float *src2, size_t col2) {
-    bf16_t *h = xmalloc(sizeof(bf16_t) * rows * stride);
+    bf16_t *h = mv_xmalloc(sizeof(bf16_t) * rows * stride);
     poison_host(h, sizeof(bf16_t) * rows * stride);
     pack_rows(h, stride, col0, src, rows, cols);
     if (src2) pack_rows(h, stride, col2, src2, rows, cols);
@@ -346,18 +340,27 @@ static const char *kind_name(int kind) {
     return kind == RUN_PAGED ? "prefill paged" : kind == RUN_VARLEN ? "prefill varlen" : "decode";
 }
 
-// Poison the output, run once, compare with `ref` (float, [rows, H, D]).
+// Poison the output, run once, and return the output [rows, H, D] on the
+// host (caller frees); *n gets its element count.
+static bf16_t *run_once(const run_t *r, size_t *n) {
+    const dcase_t *d = r->d;
+    *n = (size_t)(r->kind == RUN_DECODE ? d->S : d->T_q) * d->H * d->D;
+    bf16_t *d_out = r->kind == RUN_DECODE ? d->out_dec : d->out;
+    gpu_poison(d_out, *n * sizeof(bf16_t));
+    MV_CHECK(run_attn((void *)r, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    bf16_t *got = mv_xmalloc(*n * sizeof(bf16_t));
+    gpu_download(got, d_out, *n * sizeof(bf16_t));
+    return got;
+}
+
+// Run once and compare with `ref` (float, [rows, H, D]).
 // Returns the bf16 output on the host (caller frees) when keep is set.
 static bf16_t *check_run(harness_t *h, const char *case_name, const run_t *r, const float *ref, tolerance_t tol,
                          const char *shape, int keep) {
     const dcase_t *d = r->d;
-    const size_t n = (size_t)(r->kind == RUN_DECODE ? d->S : d->T_q) * d->H * d->D;
-    bf16_t *d_out = r->kind == RUN_DECODE ? d->out_dec : d->out;
-    gpu_poison(d_out, n * sizeof(bf16_t));
-    MV_CHECK(run_attn((void *)r, 0));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    bf16_t *got = xmalloc(n * sizeof(bf16_t));
-    gpu_download(got, d_out, n * sizeof(bf16_t));
+    size_t n;
+    bf16_t *got = run_once(r, &n);
     char label[128];
     const char *vname = r->kind == RUN_DECODE ? attention_decode_version_name(r->version)
                                               : attention_prefill_version_name(r->version);
@@ -380,8 +383,8 @@ static bf16_t *check_run(harness_t *h, const char *case_name, const run_t *r, co
 static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_t *c, int big) {
     const int S = c->num_seqs, H = c->num_heads, D = c->head_dim;
     const size_t n_out = (size_t)c->T_q * H * D, n_dec = (size_t)S * H * D;
-    float *ref = xmalloc(sizeof(float) * n_out), *ref_dec = xmalloc(sizeof(float) * n_dec);
-    float *q_dec = xmalloc(sizeof(float) * n_dec);
+    float *ref = mv_xmalloc(sizeof(float) * n_out), *ref_dec = mv_xmalloc(sizeof(float) * n_dec);
+    float *q_dec = mv_xmalloc(sizeof(float) * n_dec);
     MV_CHECK(attention_prefill_cpu(ref, c->q, c->k_cache, c->v_cache, c->cu_seqlens_q, c->context_lens,
                                    c->block_tables, S, H, c->num_kv_heads, D, c->block_size, c->num_blocks,
                                    c->max_blocks, c->scale, 0));
@@ -527,7 +530,7 @@ static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int H,
     d->kv_stride = (long long)(2 * row);
     // Random bf16 from a 16 MB pattern, repeated: N(0, 2) for q, N(0, 1) for k and v.
     const size_t pat = (size_t)8 << 20;
-    bf16_t *hq = xmalloc(pat * 2), *hk = xmalloc(pat * 2);
+    bf16_t *hq = mv_xmalloc(pat * 2), *hk = mv_xmalloc(pat * 2);
     fill_normal_bf16(rng, hq, pat, 0.0f, 2.0f);
     fill_normal_bf16(rng, hk, pat, 0.0f, 1.0f);
     d->max_abs_v = 0;
@@ -546,8 +549,8 @@ static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int H,
             gpu_upload(*bufs[b].p + off, bufs[b].src + bufs[b].shift, len * 2);
         }
     }
-    int32_t *cu_q = xmalloc(sizeof(int32_t) * (S + 1)), *cu_k = xmalloc(sizeof(int32_t) * (S + 1));
-    int32_t *lens = xmalloc(sizeof(int32_t) * S), *tables = xmalloc(sizeof(int32_t) * (size_t)d->nb);
+    int32_t *cu_q = mv_xmalloc(sizeof(int32_t) * (S + 1)), *cu_k = mv_xmalloc(sizeof(int32_t) * (S + 1));
+    int32_t *lens = mv_xmalloc(sizeof(int32_t) * S), *tables = mv_xmalloc(sizeof(int32_t) * (size_t)d->nb);
     for (int s = 0; s <= S; s++) cu_q[s] = s * n, cu_k[s] = s * ctx;
     for (int s = 0; s < S; s++) lens[s] = ctx;
     for (int i = 0; i < d->nb; i++) tables[i] = i;
@@ -573,18 +576,12 @@ static double time_run(harness_t *h, run_t *r, int reps) {
     return gpu_time_ms(run_attn, r, opts);
 }
 
-// Run version `ref_version` once and return its output as floats (the
-// reference for version 2 at sizes the CPU reference would take too long on).
+// Run r once and return its output as floats (the reference for the fast
+// versions at sizes the CPU reference would take too long on).
 static float *gpu_reference(const run_t *r) {
-    const dcase_t *d = r->d;
-    const size_t n = (size_t)(r->kind == RUN_DECODE ? d->S : d->T_q) * d->H * d->D;
-    bf16_t *d_out = r->kind == RUN_DECODE ? d->out_dec : d->out;
-    gpu_poison(d_out, n * sizeof(bf16_t));
-    MV_CHECK(run_attn((void *)r, 0));
-    CUDA_CHECK(cudaDeviceSynchronize());
-    bf16_t *got = xmalloc(n * sizeof(bf16_t));
-    gpu_download(got, d_out, n * sizeof(bf16_t));
-    float *ref = xmalloc(n * sizeof(float));
+    size_t n;
+    bf16_t *got = run_once(r, &n);
+    float *ref = mv_xmalloc(n * sizeof(float));
     bf16_to_float_array(ref, got, n);
     free(got);
     return ref;

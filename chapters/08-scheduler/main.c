@@ -20,13 +20,12 @@
  * Build and run:  make && ./build/08-scheduler [--plot FILE.png] [--json FILE] [--help]
  * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
  */
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "chapters/08-scheduler/scheduler.h"
+#include "chapters/08-scheduler/sched/scheduler.h"
 #include "chapters/08-scheduler/simulate.h"
 #include "common/check.h"
 #include "common/harness.h"
@@ -174,33 +173,33 @@ static long static_batching_steps(const scheduler_config_t *c, const sim_request
     return steps;
 }
 
-static cJSON *result_json(const sim_result_t *r, const scheduler_config_t *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddNumberToObject(j, "steps", (double)r->steps);
-    cJSON_AddNumberToObject(j, "tokens", (double)r->tokens);
-    cJSON_AddNumberToObject(j, "finished", r->finished);
-    cJSON_AddNumberToObject(j, "rejected", r->rejected);
-    cJSON_AddNumberToObject(j, "mean_batch", mean_of(r->batch_size, r->steps));
-    cJSON_AddNumberToObject(j, "max_batch", r->max_batch);
-    cJSON_AddNumberToObject(j, "mean_tokens_per_step", mean_of(r->step_tokens, r->steps));
-    cJSON_AddNumberToObject(j, "mean_blocks_used_pct", 100.0 * mean_of(r->blocks_used, r->steps) / c->num_blocks);
-    cJSON_AddNumberToObject(j, "peak_blocks_used_pct", 100.0 * r->peak_blocks_used / c->num_blocks);
-    cJSON_AddNumberToObject(j, "prefix_hit_rate", hit_rate(r));
-    cJSON_AddNumberToObject(j, "preemptions", (double)r->preemptions);
-    cJSON_AddNumberToObject(j, "evictions", (double)r->evictions);
-    cJSON *cfg = cJSON_AddObjectToObject(j, "config");
-    cJSON_AddNumberToObject(cfg, "max_num_seqs", c->max_num_seqs);
-    cJSON_AddNumberToObject(cfg, "max_num_batched_tokens", c->max_num_batched_tokens);
-    cJSON_AddNumberToObject(cfg, "max_model_len", c->max_model_len);
-    cJSON_AddNumberToObject(cfg, "block_size", c->block_size);
-    cJSON_AddNumberToObject(cfg, "num_blocks", c->num_blocks);
-    cJSON_AddBoolToObject(cfg, "enable_prefix_caching", c->enable_prefix_caching);
+static mv_json_t *result_json(const sim_result_t *r, const scheduler_config_t *c) {
+    mv_json_t *j = mvj_object();
+    mvj_set_number(j, "steps", (double)r->steps);
+    mvj_set_number(j, "tokens", (double)r->tokens);
+    mvj_set_number(j, "finished", r->finished);
+    mvj_set_number(j, "rejected", r->rejected);
+    mvj_set_number(j, "mean_batch", mean_of(r->batch_size, r->steps));
+    mvj_set_number(j, "max_batch", r->max_batch);
+    mvj_set_number(j, "mean_tokens_per_step", mean_of(r->step_tokens, r->steps));
+    mvj_set_number(j, "mean_blocks_used_pct", 100.0 * mean_of(r->blocks_used, r->steps) / c->num_blocks);
+    mvj_set_number(j, "peak_blocks_used_pct", 100.0 * r->peak_blocks_used / c->num_blocks);
+    mvj_set_number(j, "prefix_hit_rate", hit_rate(r));
+    mvj_set_number(j, "preemptions", (double)r->preemptions);
+    mvj_set_number(j, "evictions", (double)r->evictions);
+    mv_json_t *cfg = mvj_set_object(j, "config");
+    mvj_set_number(cfg, "max_num_seqs", c->max_num_seqs);
+    mvj_set_number(cfg, "max_num_batched_tokens", c->max_num_batched_tokens);
+    mvj_set_number(cfg, "max_model_len", c->max_model_len);
+    mvj_set_number(cfg, "block_size", c->block_size);
+    mvj_set_number(cfg, "num_blocks", c->num_blocks);
+    mvj_set_bool(cfg, "enable_prefix_caching", c->enable_prefix_caching);
     return j;
 }
 
 // Run one workload; record its checks and statistics. Returns the result
 // (caller frees) so the plots can use it.
-static void run_workload(harness_t *h, cJSON *jw, const char *name, const workload_t *w,
+static void run_workload(harness_t *h, mv_json_t *jw, const char *name, const workload_t *w,
                          const scheduler_config_t *c, sim_result_t *r, sim_request_t **reqs_out) {
     rng_t rng;
     rng_seed(&rng, h->seed ^ (uint64_t)(unsigned char)name[0]);
@@ -225,7 +224,7 @@ static void run_workload(harness_t *h, cJSON *jw, const char *name, const worklo
                100.0 * r->peak_blocks_used / c->num_blocks, c->num_blocks, 100.0 * hit_rate(r),
                r->preemptions, r->evictions);
     }
-    cJSON_AddItemToObject(jw, name, result_json(r, c));
+    mvj_set(jw, name, result_json(r, c));
     *reqs_out = reqs;
 }
 
@@ -294,7 +293,7 @@ int main(int argc, char **argv) {
     harness_begin_host(&h, "08-scheduler",
                        "continuous batching over paged KV blocks with prefix caching, simulated",
                        argc, argv, &extra);
-    cJSON *jw = cJSON_AddObjectToObject(h.json, "workloads");
+    mv_json_t *jw = mvj_set_object(h.json, "workloads");
     scheduler_config_t c = sim_config();
 
     harness_section(&h, "random: 256 requests, prompt and output 100..1024 tokens, random arrivals");
@@ -305,9 +304,9 @@ int main(int argc, char **argv) {
     run_workload(&h, jw, "random", &random_w, &c, &rr, &rreqs);
     double static_rows;
     long static_steps = static_batching_steps(&c, rreqs, &rr, random_w.num_requests, &static_rows);
-    cJSON *js = cJSON_AddObjectToObject(jw, "static_batching");
-    cJSON_AddNumberToObject(js, "steps", (double)static_steps);
-    cJSON_AddNumberToObject(js, "mean_decode_rows", static_rows);
+    mv_json_t *js = mvj_set_object(jw, "static_batching");
+    mvj_set_number(js, "steps", (double)static_steps);
+    mvj_set_number(js, "mean_decode_rows", static_rows);
     if (!h.summary)
         printf("    static batching of the same requests: %ld steps (continuous: %ld), "
                "%.1f of %d rows busy per decode step\n",

@@ -23,7 +23,7 @@
 
 #include <stdint.h>
 
-#include "chapters/08-scheduler/scheduler.h"
+#include "chapters/08-scheduler/sched/scheduler.h"
 #include "common/rng.h"
 
 #ifdef __cplusplus

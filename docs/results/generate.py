@@ -12,7 +12,9 @@ kept in docs/results/json/. This script renders them:
     python3 docs/results/generate.py --check  # fail if any file is stale (CI)
 
 KEYs: NN-name:env, NN-name:timings, NN-name:checks, NN-name:sanitizer (GPU
-chapters), 08-scheduler:workloads, 09-tokenizer:bench, and the engine's
+chapters), 03-linear-tp:small-m (cuBLAS against the GEMV at small M; until the
+json has those rows, the block says how to make them), 08-scheduler:workloads,
+09-tokenizer:bench, and the engine's
 09-engine:bench, 09-engine:single, 09-engine:compare (from 09-engine.bench.json,
 09-engine.single.json, 09-engine.compare.json, written by tests/gpu/engine.sh;
 until a file is there, its block says how to make it).
@@ -53,7 +55,8 @@ def render_env(d):
 
 
 def render_timings(d):
-    rows = [t for t in d["timings"] if t["case"] != "random"]
+    # "small-m" rows have their own table (render_small_m).
+    rows = [t for t in d["timings"] if t["case"] not in ("random", "small-m")]
     # Matrix work (GEMMs) also gets TFLOP/s and % of the measured GEMM rate.
     flops = any(t.get("flops", 0) > 0 for t in rows)
     head = "| case | version | shape | time (us) | GB/s | % of copy |"
@@ -71,6 +74,41 @@ def render_timings(d):
         if flops:
             line += (f" {t['tflops']:.1f} | {t['pct_gemm']:.1f} |" if t.get("flops", 0) > 0 else " | |")
         out.append(line + f" {target} |")
+    return "\n".join(out) + "\n"
+
+
+SMALL_M_NOT_MEASURED = ("Not measured yet: the committed `docs/results/json/03-linear-tp.json` has no small-M rows; "
+                        "`bash tests/gpu/run.sh 03-linear-tp` on an H200 writes them into `$OUT/03-linear-tp.json`; "
+                        "copy it to `docs/results/json/` and rerun `python3 docs/results/generate.py`.\n")
+
+
+def render_small_m(d):
+    """Chapter 03's "small-m" timings side by side: one row per (projection, M), cuBLAS (v1) and the
+    GEMV (v2). The chapter records each as version "<projection> <v1-cublas|v2-gemv>", shape "M=.. N=.. K=..".
+    """
+    rows = [t for t in d["timings"] if t["case"] == "small-m"]
+    if not rows:
+        return SMALL_M_NOT_MEASURED
+    table, order = {}, []
+    for t in rows:
+        layer, version = t["version"].rsplit(" ", 1)
+        key = (layer, int(re.search(r"M=(\d+)", t["shape"]).group(1)))
+        if key not in table:
+            table[key] = {"shape": t["shape"], "bytes": t["bytes"]}
+            order.append(key)
+        table[key][version] = t
+    out = [f"On **{d['gpu']['name']}**, {d['date'][:10]}, `{d['command'].split(' --json')[0]}` (GPU 0; time per launch "
+           f"of 16 back to back in a CUDA graph, each over its own copy of the weight; MB moved = weight + x + y; "
+           f"% of copy: of the {d.get('ceilings', {}).get('copy_gbs', 0):.0f} GB/s copy bandwidth measured in the same run).",
+           "",
+           "| projection | shape | MB moved | cuBLAS (us) | % of copy | GEMV (us) | % of copy | cuBLAS time / GEMV time |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for key in order:
+        r = table[key]
+        c, g = r.get("v1-cublas"), r.get("v2-gemv")
+        cells = [f"{fmt_us(t['ms'])} | {t['pct_copy']:.1f}" if t else " | " for t in (c, g)]
+        ratio = f"{c['ms'] / g['ms']:.2f}" if c and g else ""
+        out.append(f"| {key[0]} | {r['shape']} | {r['bytes'] / 1e6:.2f} | {cells[0]} | {cells[1]} | {ratio} |")
     return "\n".join(out) + "\n"
 
 
@@ -263,8 +301,113 @@ def render_engine_compare(d):
     return "\n".join(out) + "\n"
 
 
+# ---- the engine's throughput against its floor (tests/gpu/bench.sh) ----------------------------
+
+WORKLOAD_JSONS = [("greedy", "09-engine.nanovllm-greedy.json"),
+                  ("Qwen3's default sampling (T 0.6, top-k 20, top-p 0.95)", "09-engine.nanovllm-qwen3.json"),
+                  ("as nano-vllm's bench.py samples (T 0.6)", "09-engine.nanovllm-file.json")]
+
+
+def gemm_ceiling():
+    d = load("01-activation.json")
+    c = d and d.get("ceilings")
+    return c["gemm_tflops"] * 1e12 if c else None
+
+
+def kv_bytes_per_token(c):
+    return 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2  # K and V, bf16
+
+
+def workload_floor_s(c, weight_bytes, prompts, outputs, copy_bps, gemm_flops):
+    """The time a perfect engine needs for these requests on this GPU, all admitted at once:
+    prefill = the prompts' FLOPs (2 x non-embedding parameters per token, plus causal attention's
+    QK^T and PV: 2 x 2 x layers x q_dim x T^2 / 2 per prompt) at the measured GEMM rate; decode =
+    one step per generated position, each reading every weight once and the KV cache of every
+    row still running, at the measured copy bandwidth."""
+    q_dim = c["num_attention_heads"] * c["head_dim"]
+    non_embed = c["n_params"] - c["vocab_size"] * c["hidden_size"] * (1 if c["tie_word_embeddings"] else 2)
+    prefill = sum(2 * non_embed * p + 2 * c["num_hidden_layers"] * 2 * q_dim * p * p / 2 for p in prompts) / gemm_flops
+    kv = kv_bytes_per_token(c)
+    decode = 0.0
+    for step in range(max(outputs)):
+        live = [p for p, o in zip(prompts, outputs) if o > step]
+        decode += (weight_bytes + kv * sum(p + step for p in live)) / copy_bps
+    return prefill, decode
+
+
+def nanovllm_lengths():
+    sys.path.insert(0, os.path.join(DOCS, "..", "tests", "bench"))
+    import nanovllm_workload  # tests/bench/nanovllm_workload.py: bench.py's draws
+    prompts, max_tokens = nanovllm_workload.workload()
+    return [len(p) for p in prompts], max_tokens
+
+
+def render_engine_workload(ds):
+    d0 = ds[0][1]
+    ceil, gemm = copy_ceiling(), gemm_ceiling()
+    prompts, outputs = nanovllm_lengths()
+    pre, dec = workload_floor_s(d0["config"], d0["weight_bytes"], prompts, outputs, ceil[0] * 1e9, gemm)
+    floor_tok_s = sum(outputs) / (pre + dec)
+    c = d0["config"]
+    out = [f"From `tests/gpu/bench.sh` on **{d0['gpu']}** ({d0['date'][:10]}, commit {d0['commit']}): "
+           f"`{d0['command'].split(' --json')[0]} ...`, the JSONL from `tests/bench/nanovllm_workload.py` "
+           f"({d0['requests']} requests, {d0['prompt_tokens']:,} prompt and {d0['output_tokens']:,} output tokens, "
+           f"ignore_eos), random weights, {d0['repeat']} timed repetitions after a warm-up (median, min-max). "
+           f"Engine: max_num_seqs {c['max_num_seqs']}, max_num_batched_tokens {c['max_num_batched_tokens']}, "
+           f"decode CUDA graphs {'off' if d0.get('enforce_eager') else 'on'} "
+           f"({d0.get('cuda_graphs', 0)} sizes, captured in {d0.get('graph_capture_s', 0):.2f} s).",
+           "",
+           "| sampling | output tok/s (min-max) | total tok/s | % of floor | TTFT p50 / p99 ms | TPOT p50 / p99 ms | steps | host us / step |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for what, d in ds:
+        out.append(f"| {what} | {d['output_tok_s']:,.0f} ({d['output_tok_s_min']:,.0f}-{d['output_tok_s_max']:,.0f}) | "
+                   f"{d['total_tok_s']:,.0f} | {100 * d['output_tok_s'] / floor_tok_s:.1f} | "
+                   f"{d['ttft_ms']['p50']:.0f} / {d['ttft_ms']['p99']:.0f} | "
+                   f"{d['tpot_ms']['p50']:.2f} / {d['tpot_ms']['p99']:.2f} | {d['steps']:,} | "
+                   f"{d.get('host_us_per_step', float('nan')):.0f} |")
+    out += ["", f"*Floor*: {floor_tok_s:,.0f} output tok/s = {sum(outputs):,} tokens in {pre + dec:.2f} s: prefill "
+            f"{pre:.2f} s (the prompts' FLOPs at the {gemm / 1e12:,.0f} TFLOP/s bf16 GEMM rate) + decode {dec:.2f} s "
+            f"(one step per output position with every request admitted at once, each reading the "
+            f"{d0['weight_bytes'] / 1e9:.2f} GB of weights and the live rows' KV cache, "
+            f"{kv_bytes_per_token(c):,} bytes a token, at the {ceil[0]:,.0f} GB/s copy bandwidth), both measured by "
+            f"chapter 01 on {ceil[1]}. *host us / step*: the engine's own host work per step (scheduling, "
+            "building the step, postprocessing), which does not yet overlap the GPU's."]
+    return "\n".join(out) + "\n"
+
+
+def render_engine_latency(d):
+    c = d["config"]
+    ceil = copy_ceiling()
+    out = [f"From `tests/gpu/bench.sh` on **{d['gpu']}** ({d['date'][:10]}, commit {d['commit']}): "
+           f"`minivllm bench --latency --batch {','.join(str(b['batch']) for b in d['batches'])} --prompt-len "
+           f"{d['prompt_len']} --output-len {d['output_len']}`, random weights, {d['repeat']} repetitions; "
+           f"each batch runs exactly that many requests at once.",
+           "",
+           "| batch | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | TPOT floor ms | % of floor |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    kv = kv_bytes_per_token(c)
+    for b in d["batches"]:
+        # A decode step at the middle of the output: weights once, each row's KV cache.
+        mid = d["prompt_len"] + d["output_len"] / 2
+        floor_ms = 1e3 * (d["weight_bytes"] + b["batch"] * mid * kv) / (ceil[0] * 1e9)
+        t = b["tpot_ms"]
+        out.append(f"| {b['batch']} | {b['output_tok_s']['median']:,.0f} | {b['ttft_ms']['p50']:.1f} / "
+                   f"{b['ttft_ms']['p99']:.1f} | {t['p50']:.3f} / {t['p99']:.3f} | {floor_ms:.3f} | "
+                   f"{100 * floor_ms / t['p50']:.0f} |")
+    out += ["", f"*TPOT floor*: one decode step reading the {d['weight_bytes'] / 1e9:.2f} GB of weights and every "
+            f"row's KV cache at the middle of its output ({kv:,} bytes a token) at the {ceil[0]:,.0f} GB/s copy "
+            f"bandwidth chapter 01 measured on {ceil[1]}."]
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
+    ws = [(what, load(name)) for what, name in WORKLOAD_JSONS]
+    if all(d for _, d in ws):
+        out["09-engine:workload"] = (WORKLOAD_JSONS[0][1], render_engine_workload(ws))
+    lat = load("09-engine.latency.json")
+    if lat:
+        out["09-engine:latency"] = ("09-engine.latency.json", render_engine_latency(lat))
     for kind, render in (("bench", render_engine_bench), ("single", render_engine_single),
                          ("compare", render_engine_compare)):
         name = ENGINE_JSONS[kind]
@@ -292,6 +435,8 @@ def blocks():
             out[f"{ch}:timings"] = (name, render_timings(d))
             out[f"{ch}:checks"] = (name, render_checks(d))
             out[f"{ch}:tolerances"] = (name, render_tolerance_reasons(d))
+            if ch.startswith("03-linear-tp"):
+                out[f"{ch}:small-m"] = (name, render_small_m(d))
             if "." not in ch:  # compute-sanitizer runs once per chapter, not per GPU count
                 out[f"{ch}:sanitizer"] = (name, render_sanitizer(ch))
         if "workloads" in d:
@@ -306,10 +451,10 @@ def blocks():
 def full_page(chapter, b):
     parts = [HEADER.format(src=f"{chapter}.json"), f"# Results: {chapter}\n"]
     for kind, title in (("env", None), ("checks", "Checks"), ("tolerances", "Tolerances and their reasons"),
-                        ("timings", "Timings"), ("sanitizer", "compute-sanitizer"),
-                        ("workloads", "Workloads")):
+                        ("timings", "Timings"), ("small-m", "Small M: cuBLAS against the GEMV"),
+                        ("sanitizer", "compute-sanitizer"), ("workloads", "Workloads")):
         key = f"{chapter}:{kind}"
-        if key in b:
+        if key in b and b[key][1] != SMALL_M_NOT_MEASURED:
             if title:
                 parts.append(f"\n## {title}\n")
             parts.append("\n" + b[key][1])

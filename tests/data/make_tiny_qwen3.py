@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny Qwen3 checkpoints and their greedy golden outputs, made by Hugging Face transformers.
 
-What it is: the golden data for the engine's end-to-end tests (issue 8). It writes three real
+What it is: the golden data for the engine's end-to-end tests. It writes three real
 Hugging Face Qwen3 model directories (config.json, generation_config.json, model.safetensors in
 bf16) and, in each, golden.json: the greedy token ids transformers produces for a fixed set of
 prompts, plus the next-token logits after the first three prompts.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/gpu/compare_hf.py - the engine against Hugging Face transformers on Qwen3-0.6B's shapes.
 
-What it is: the end-to-end correctness check of issue 8 on real shapes. The tiny checkpoints of
+What it is: the end-to-end correctness check of the engine on real shapes. The tiny checkpoints of
 tests/data/ prove the engine's logic token for token; this script checks the same engine at the
 size where bf16 rounding, long dot products (1024, 3072) and a 151936-entry vocabulary matter.
 

@@ -1,6 +1,6 @@
 /*
  * tests/gpu/engine_check.c - the engine's cuda backend against Hugging Face
- * transformers and against the host sampler: build/engine_check.
+ * transformers, and the GPU sampler against its CPU reference: build/engine_check.
  *
  * The GPU half of tests/test_engine_cpu.c (which CI runs on the cpu
  * backend). On a GPU machine:
@@ -26,11 +26,31 @@
  *    power of two in [16, 256]: the three checkpoints have head_dim 64, 128
  *    and 64, so all run on both backends (a checkpoint the cuda backend
  *    refuses is a FAIL with its reason); the block sizes here are 16.
- * 2. The GPU sampler (kernels/sampling.h) against the host sampler
- *    (sampler.c) on the same logits: greedy identical (ties, NaN, no finite
- *    value); top-k / top-p samples always inside the host's kept set; the
- *    same (seed, gen_index) gives the same id; and the frequencies over many
- *    gen_index values match the host's probabilities.
+ *    The cuda engines replay decode steps from CUDA graphs, or with
+ *    --enforce-eager launch them kernel by kernel (run both).
+ * 1b. CUDA graphs against eager launches (graphs on only): every request of
+ *    each checkpoint, greedy and then sampled, once with graphs and once
+ *    with --enforce-eager: the tokens and every step's logits must be
+ *    bit-identical (a 64-bit hash per row).
+ * 2. The GPU sampler (kernels/sampling.h), every version (1: bisection,
+ *    2: shortlists, the engine's), against its CPU reference
+ *    (reference/sampling.h, sample_tokens_cpu) on the same logits: the
+ *    same id on every row, exactly (both draw the same numbers: the rule is
+ *    written to make that possible), for vocabularies 1, 2, 512, 1000
+ *    (strided rows), 4097 and 151936, rows of twenty kinds (ties, -0/+0,
+ *    NaN, -inf, +inf, no finite value, huge and subnormal values, a tie
+ *    band at the k-th, the top crowded into few threads...) with greedy,
+ *    temperatures from 1e-45 to 1e30, top-k and top-p mixed; then rows
+ *    aimed at version 2's paths (top_k 1 to 2049, k around the number of
+ *    finite logits, top-p alone, tiny top-p) for vocabularies 151936, 4099,
+ *    2050, 100 and 3; a second GPU run repeats every id. A row that differs
+ *    is a FAIL naming the version, the row, its parameters and both ids.
+ *    Then 20000 draws of one row: equal to the reference again, and their
+ *    frequencies within FREQ_TOL of the softmax over the kept set. Last,
+ *    "sampler timing" lines (information, not verdicts): 256 rows x 151936,
+ *    each version's median time for greedy, T 0.6, T 0.6 + top_k 20 and
+ *    Qwen3's default (T 0.6, top_k 20, top_p 0.95); a FAIL only if version
+ *    2's ids there differ from version 1's.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -39,10 +59,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chapters/09-engine/engine.h"
-#include "chapters/09-engine/sampler.h"
+#include "chapters/09-engine/runtime/engine.h"
 #include "common/check.h"
 #include "common/rng.h"
+#include "reference/sampling.h"
+#include "reference/sampling_math.h"
 #if MV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -88,6 +109,8 @@ typedef struct {
 } golden_t;
 
 static int n_pass, n_near, n_skip, n_fail;
+// --enforce-eager: every engine of the golden checks without CUDA graphs.
+static int g_enforce_eager;
 
 static void verdict(const char *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void verdict(const char *v, const char *fmt, ...) {
@@ -173,6 +196,7 @@ static engine_t *make_engine(const char *dir, runner_device_t dev, const run_cfg
     c.num_blocks = rc->num_blocks;
     c.enable_prefix_caching = rc->prefix;
     c.num_threads = 2;
+    c.enforce_eager = g_enforce_eager;
     if (rc->gpu_util > 0 && dev == RUNNER_DEVICE_CUDA) c.gpu_memory_utilization = rc->gpu_util;
     else c.kv_cache_bytes = 64LL << 20;
     engine_t *e = NULL;
@@ -305,6 +329,82 @@ static void run_logits(const char *dir, runner_device_t dev, const golden_t *g) 
     engine_free(e);
 }
 
+// ---- CUDA graphs against eager launches ----------------------------------------------
+// A decode step replayed from a CUDA graph and the same padded step launched
+// kernel by kernel (--enforce-eager) must compute the same bits: every
+// sampled row's logits, at every step, and so every token, greedy and
+// sampled. The logits are compared through a 64-bit FNV-1a hash of their
+// bytes per (request, gen_index).
+typedef struct {
+    uint64_t hash[MAX_CASES][MAX_IDS];
+    int rows;
+} logit_hashes_t;
+
+static void hash_logits(void *ctx, int request, int gen_index, const float *logits, int vocab) {
+    logit_hashes_t *lh = ctx;
+    if (request < 0 || request >= MAX_CASES || gen_index < 0 || gen_index >= MAX_IDS) return;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char *b = (const unsigned char *)logits;
+    for (size_t k = 0; k < (size_t)vocab * sizeof(float); k++) h = (h ^ b[k]) * 0x100000001b3ull;
+    lh->hash[request][gen_index] = h;
+    lh->rows++;
+}
+
+static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g, engine_output_t *outs,
+                      logit_hashes_t *lh, int *num_graphs) {
+    const run_cfg_t rc = {"graphs", 16, 512, 0, 1, 0, 0, 0};
+    const int saved = g_enforce_eager;
+    g_enforce_eager = eager;
+    engine_t *e = make_engine(dir, RUNNER_DEVICE_CUDA, &rc);
+    g_enforce_eager = saved;
+    if (!e) return -1;
+    *num_graphs = e->runner->num_graphs;
+    engine_request_t reqs[MAX_CASES];
+    for (int i = 0; i < g->n_cases; i++) {
+        sampling_params_t p = {0.0f, 0, 1.0f, g->max_new_tokens, 1};
+        if (sampled) p = (sampling_params_t){0.8f, i % 3 ? 20 : 0, i % 2 ? 0.9f : 1.0f, g->max_new_tokens, 1};
+        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, p, 1000u + (uint64_t)i};
+    }
+    memset(lh, 0, sizeof *lh);
+    int rc2 = engine_generate(e, reqs, g->n_cases, outs, hash_logits, lh);
+    engine_free(e);
+    return rc2;
+}
+
+static void check_graphs_vs_eager(const char *dir, const golden_t *g) {
+    for (int sampled = 0; sampled < 2; sampled++) {
+        const char *what = sampled ? "sampled (T 0.8, top-k 20 / top-p 0.9 mixed, seeded)" : "greedy";
+        engine_output_t a[MAX_CASES], b[MAX_CASES];
+        logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
+        int graphs = 0, none = 0;
+        if (!ha || !hb || run_hashed(dir, 0, sampled, g, a, ha, &graphs) ||
+            run_hashed(dir, 1, sampled, g, b, hb, &none)) {
+            verdict("FAIL", "%s graphs vs eager, %s: %s", dir, what, mv_last_error());
+            free(ha), free(hb);
+            return;
+        }
+        int bad_ids = 0, bad_rows = 0;
+        for (int i = 0; i < g->n_cases; i++) {
+            if (a[i].num_tokens != b[i].num_tokens ||
+                memcmp(a[i].token_ids, b[i].token_ids, (size_t)a[i].num_tokens * sizeof(int32_t)))
+                bad_ids++;
+            for (int k = 0; k < MAX_IDS; k++) bad_rows += ha->hash[i][k] != hb->hash[i][k];
+        }
+        if (graphs == 0 || none != 0)
+            verdict("FAIL", "%s graphs vs eager, %s: %d graphs captured with graphs on, %d with --enforce-eager", dir,
+                    what, graphs, none);
+        else if (bad_ids || bad_rows || ha->rows != hb->rows)
+            verdict("FAIL", "%s graphs vs eager, %s: %d requests' tokens and %d logit rows differ (%d vs %d rows)", dir,
+                    what, bad_ids, bad_rows, ha->rows, hb->rows);
+        else
+            verdict("PASS", "%s graphs vs eager, %s: %d requests, %d logit rows bit-identical (%d graphs)", dir, what,
+                    g->n_cases, ha->rows, graphs);
+        engine_outputs_free(a, g->n_cases);
+        engine_outputs_free(b, g->n_cases);
+        free(ha), free(hb);
+    }
+}
+
 static void check_goldens(runner_device_t dev) {
     const run_cfg_t runs[] = {
         {"alone", 4, 256, 0, 0, 1, 0, 0},
@@ -342,60 +442,14 @@ static void check_goldens(runner_device_t dev) {
             run_golden(MODELS[m], dev, g, &runs[r]);
         }
         run_logits(MODELS[m], dev, g);
+        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g);
         golden_free(g);
         free(g);
     }
 }
 
-// ---- the GPU sampler against the host's ----------------------------------------------------
+// ---- the GPU sampler against the CPU reference ----------------------------------------------
 #if MV_HAVE_CUDA
-
-// The host sampler's kept set for p, as a mask over ids: the same order
-// (logit descending, id ascending), top-k, then top-p over the softmax.
-// slack[id] = 1 for the one token just past the top-p cut when the sum
-// before it is within 1e-5 of p (where fp32 vs fp64 summation may differ).
-static int cmp_desc(const void *a, const void *b, void *ctx) {
-    const float *l = ctx;
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    if (l[i] != l[j]) return l[i] > l[j] ? -1 : 1;
-    return (i > j) - (i < j);
-}
-
-static void kept_set(const float *l, int V, const sampling_params_t *p, char *kept, char *slack, double *prob) {
-    int32_t *ids = malloc((size_t)V * sizeof *ids);
-    double *e = malloc((size_t)V * sizeof *e);
-    int n = 0;
-    for (int i = 0; i < V; i++) {
-        kept[i] = slack[i] = 0;
-        prob[i] = 0;
-        if (isfinite(l[i])) ids[n++] = i;
-    }
-    qsort_r(ids, (size_t)n, sizeof *ids, cmp_desc, (void *)l);
-    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
-    double sum = 0;
-    for (int k = 0; k < n; k++) sum += e[k] = exp(((double)l[ids[k]] - l[ids[0]]) / p->temperature);
-    int keep = n;
-    if (p->top_p < 1) {
-        double cum = 0;
-        for (int k = 0; k < n; k++) {
-            cum += e[k] / sum;
-            if (cum >= p->top_p) {
-                keep = k + 1;
-                if (k + 1 < n && fabs(cum - p->top_p) < 1e-5) slack[ids[k + 1]] = 1;
-                if (fabs(cum - e[k] / sum - p->top_p) < 1e-5) slack[ids[k]] = 1;
-                break;
-            }
-        }
-    }
-    double ksum = 0;
-    for (int k = 0; k < keep; k++) ksum += e[k];
-    for (int k = 0; k < keep; k++) {
-        kept[ids[k]] = 1;
-        prob[ids[k]] = e[k] / ksum;
-    }
-    free(ids);
-    free(e);
-}
 
 typedef struct {
     float *logits, *temp, *top_p;
@@ -404,12 +458,14 @@ typedef struct {
     int64_t *gen;
 } sbufs_t;
 
-// Run the GPU sampler on rows x V logits with per-row parameters; ids to out.
-static int gpu_sample(const float *logits, int rows, int V, const float *temp, const int32_t *top_k,
-                      const float *top_p, const uint64_t *seed, const int64_t *gen, int32_t *out) {
+// Run GPU sampler version `version` on rows of `stride` floats (vocab used)
+// with per-row parameters; ids to out.
+static int gpu_sample(int version, const float *logits, long long stride, int rows, int V, const float *temp,
+                      const int32_t *top_k, const float *top_p, const uint64_t *seed, const int64_t *gen,
+                      int32_t *out) {
     sbufs_t d = {0};
     size_t R = (size_t)rows;
-    int rc = CUDA_TRY(cudaMalloc((void **)&d.logits, R * V * sizeof(float))) ||
+    int rc = CUDA_TRY(cudaMalloc((void **)&d.logits, R * (size_t)stride * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.temp, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_p, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_k, R * sizeof(int32_t))) ||
@@ -417,7 +473,7 @@ static int gpu_sample(const float *logits, int rows, int V, const float *temp, c
              CUDA_TRY(cudaMalloc((void **)&d.seed, R * sizeof(uint64_t))) ||
              CUDA_TRY(cudaMalloc((void **)&d.gen, R * sizeof(int64_t)));
     if (!rc)
-        rc = CUDA_TRY(cudaMemcpy(d.logits, logits, R * V * sizeof(float), cudaMemcpyHostToDevice)) ||
+        rc = CUDA_TRY(cudaMemcpy(d.logits, logits, R * (size_t)stride * sizeof(float), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.temp, temp, R * sizeof(float), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.top_p, top_p, R * sizeof(float), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.top_k, top_k, R * sizeof(int32_t), cudaMemcpyHostToDevice)) ||
@@ -425,7 +481,7 @@ static int gpu_sample(const float *logits, int rows, int V, const float *temp, c
              CUDA_TRY(cudaMemcpy(d.gen, gen, R * sizeof(int64_t), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t)));  // poisoned: an unwritten row shows
     if (!rc)
-        rc = sample_tokens_cuda(SAMPLING_FAST, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen,
+        rc = sample_tokens_cuda(version, d.out, d.logits, stride, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen,
                                 0) ||
              CUDA_TRY(cudaDeviceSynchronize()) ||
              CUDA_TRY(cudaMemcpy(out, d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));
@@ -434,68 +490,238 @@ static int gpu_sample(const float *logits, int rows, int V, const float *temp, c
     return rc ? -1 : 0;
 }
 
-static void check_sampler(void) {
-    const int shapes[] = {512, 1000, 151936};  // the tiny models', an odd one, Qwen3's
-    rng_t rng;
-    rng_seed(&rng, 1234);
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
-        const int V = shapes[si], R = 64;
-        float *l = malloc((size_t)R * V * sizeof *l), *temp = malloc(R * sizeof *temp), *tp = malloc(R * sizeof *tp);
-        int32_t *tk = malloc(R * sizeof *tk), *out = malloc(R * sizeof *out), *out2 = malloc(R * sizeof *out2);
-        uint64_t *seed = malloc(R * sizeof *seed);
-        int64_t *gen = malloc(R * sizeof *gen);
-        char *kept = malloc((size_t)V), *slack = malloc((size_t)V);
-        double *prob = malloc((size_t)V * sizeof *prob);
-        for (int r = 0; r < R; r++) {
-            float *x = l + (size_t)r * V;
-            for (int i = 0; i < V; i++) x[i] = rng_uniform(&rng, -4.0f, 4.0f);  // logits in [-4, 4)
-            if (r % 8 == 1) x[V / 2] = x[V / 3] = x[V - 1] = 9.0f;                    // a three-way tie for the max
-            if (r % 8 == 2) x[7] = NAN, x[V - 2] = -INFINITY;                         // ignored values
-            if (r % 8 == 3) for (int i = 0; i < V; i += 2) x[i] = x[i + (i + 1 < V)];  // many equal pairs
-            temp[r] = r < 16 ? 0.0f : (r % 4 == 0 ? 0.3f : r % 4 == 1 ? 1.0f : r % 4 == 2 ? 1.7f : 0.05f);
-            tk[r] = r % 3 == 0 ? 0 : r % 3 == 1 ? 1 + r : 40;
-            tp[r] = r % 5 == 0 ? 1.0f : r % 5 == 1 ? 0.9f : r % 5 == 2 ? 0.5f : r % 5 == 3 ? 0.05f : 0.99f;
-            seed[r] = 1000 + (uint64_t)r;
-            gen[r] = r;
+// The kinds of rows: what each one's logits test. The last four aim at
+// version 2 (kernels/sampling.cu: 512 threads, thread t reading ids
+// 4t..4t+3, 4t + 2048.. of a 16-byte aligned row, each keeping its 4
+// largest): ties at the k-th, the largest logits crowded into few threads
+// (a shortlist full at the threshold: one more pass), finite logits in few
+// threads (the candidates do not fit: the fallback). Any layout must pass them.
+enum {
+    ROW_UNIFORM,     // [-4, 4)
+    ROW_LM,          // normal(0, 2) with a few spikes above 10: a language model's shape
+    ROW_TIE3,        // a three-way tie for the largest value
+    ROW_COARSE,      // values on a grid of 1/4, equal pairs: ties everywhere in the order
+    ROW_HOLES,       // NaN and -inf sprinkled among normal values
+    ROW_ZEROS,       // the largest value is 0, as -0 and +0 at several ids
+    ROW_HUGE,        // +-3e38 among normal values: logit - top overflows to -inf
+    ROW_SUBNORMAL,   // every value a subnormal float or 0
+    ROW_ONE_FINITE,  // one finite value, the rest NaN and -inf
+    ROW_CONSTANT,    // every value 1.5
+    ROW_FLAT,        // [-0.01, 0.01): top-p keeps most of the row, masses sum near vocab x 2^32
+    ROW_SHARP,       // normal(0, 1) and one value 30 above: top-p keeps one token
+    ROW_ALL_NAN,     // no finite value: -1
+    ROW_ALL_NEG_INF, // no finite value: -1
+    ROW_POS_INF,     // a +inf: -1
+    ROW_NAN_NEG_INF, // NaN and -inf only: -1
+    ROW_TIE_BAND,    // ~500 ids at 3.0 under 10 at 6.0, the rest below 2.5: a k in 11..510 cuts a tie
+    ROW_DESCENDING,  // strictly decreasing with the id: the top-k are the lowest ids, 4 a thread
+    ROW_CLUSTERED,   // normal(0, 1); 10 at the first 64 ids with (id / 4) % 512 == 0 (one thread reads them
+                     // all) and at 64 random ids: equal values, in id order, the first crowded into one thread
+    ROW_SPARSE,      // finite (normal(0, 2)) only where (id / 4) % 512 < 12, NaN elsewhere: 12 threads
+    ROW_NUM_KINDS
+};
+static const char *ROW_KIND_NAME[ROW_NUM_KINDS] = {
+    "uniform", "lm-like", "3-way tie", "coarse ties", "NaN/-inf holes", "-0/+0 top", "+-3e38", "subnormal",
+    "one finite", "constant", "flat", "sharp", "all NaN", "all -inf", "a +inf", "NaN and -inf",
+    "500-way tie band", "descending", "clustered top", "sparse finite"};
+
+static void fill_row(rng_t *g, float *x, int V, int kind) {
+    for (int i = 0; i < V; i++) {
+        float v = rng_uniform(g, -4.0f, 4.0f);
+        switch (kind) {
+        case ROW_LM: v = rng_normal(g, 0.0f, 2.0f); break;
+        case ROW_COARSE: v = roundf(v * 4.0f) / 4.0f; break;
+        case ROW_HOLES: v = i % 13 == 5 ? NAN : i % 29 == 3 ? -INFINITY : v; break;
+        case ROW_ZEROS: v = v - 10.0f; break;
+        case ROW_HUGE: v = i % 7 == 0 ? 3e38f : i % 7 == 1 ? -3e38f : v; break;
+        case ROW_SUBNORMAL: v = v * 1e-39f; break;
+        case ROW_ONE_FINITE: v = i % 2 ? NAN : -INFINITY; break;
+        case ROW_CONSTANT: v = 1.5f; break;
+        case ROW_FLAT: v = v / 400.0f; break;
+        case ROW_SHARP: v = rng_normal(g, 0.0f, 1.0f); break;
+        case ROW_ALL_NAN: v = NAN; break;
+        case ROW_ALL_NEG_INF: v = -INFINITY; break;
+        case ROW_NAN_NEG_INF: v = i % 3 ? NAN : -INFINITY; break;
+        case ROW_TIE_BAND: v = fminf(rng_normal(g, 0.0f, 1.0f), 2.5f); break;
+        case ROW_DESCENDING: v = 8.0f - 16.0f * (float)i / (float)V; break;
+        case ROW_CLUSTERED: v = rng_normal(g, 0.0f, 1.0f); break;
+        case ROW_SPARSE: v = (i / 4) % 512 < 12 ? rng_normal(g, 0.0f, 2.0f) : NAN; break;
+        default: break;
         }
-        // Row R-1: nothing finite; row R-2: a +inf (the host sampler refuses both).
-        for (int i = 0; i < V; i++) l[(size_t)(R - 1) * V + i] = NAN;
-        l[(size_t)(R - 2) * V + 5] = INFINITY;
-        if (gpu_sample(l, R, V, temp, tk, tp, seed, gen, out) || gpu_sample(l, R, V, temp, tk, tp, seed, gen, out2)) {
-            verdict("FAIL", "sampler vocab %d: %s", V, mv_last_error());
-        } else {
-            int bad = 0;
-            char first_bad[256] = "";
-            sampler_t hs;
-            sampler_init(&hs, V);
-            for (int r = 0; r < R; r++) {
-                const float *x = l + (size_t)r * V;
-                sampling_params_t p = {temp[r], tk[r], tp[r], 1, 0};
-                uint64_t st = 1;
-                int32_t want = -1;
-                int host_ok = sampler_sample(&hs, x, &p, &st, &want) == 0;
-                int good;
-                if (!host_ok) good = out[r] == -1;
-                else if (temp[r] == 0) good = out[r] == want;
-                else {
-                    kept_set(x, V, &p, kept, slack, prob);
-                    good = out[r] >= 0 && out[r] < V && (kept[out[r]] || slack[out[r]]);
-                }
-                good &= out[r] == out2[r];  // same (seed, gen_index), same id
-                if (!good && !bad++)
-                    snprintf(first_bad, sizeof first_bad, "row %d (T %g, top_k %d, top_p %g): GPU %d, host %s %d", r,
-                             temp[r], tk[r], tp[r], out[r], host_ok ? "says" : "refuses, want -1, not", want);
-            }
-            sampler_free(&hs);
-            if (bad) verdict("FAIL", "sampler vocab %d: %d of %d rows wrong; first: %s", V, bad, R, first_bad);
-            else verdict("PASS", "sampler vocab %d: %d rows (greedy equal incl. ties/NaN/no finite value; top-k/top-p "
-                                 "inside the host's kept set; repeatable)", V, R);
-        }
-        free(l), free(temp), free(tp), free(tk), free(out), free(out2), free(seed), free(gen), free(kept), free(slack),
-            free(prob);
+        x[i] = v;
     }
-    // Frequencies: one row of 8 logits drawn N_FREQ times (gen_index 0..N-1)
-    // against the host's probabilities.
+    if (kind == ROW_LM)
+        for (int j = 0; j < 4; j++) x[rng_int(g, 0, V - 1)] = 10.0f + (float)j;
+    if (kind == ROW_COARSE)
+        for (int i = 0; i + 1 < V; i += 2) x[i + 1] = x[i];
+    if (kind == ROW_TIE3) x[V / 2] = x[V / 3] = x[V - 1] = 9.0f;
+    if (kind == ROW_ZEROS)
+        for (int i = V / 5; i < V; i += V / 5 + 1) x[i] = (i / 3) % 2 ? -0.0f : 0.0f;
+    if (kind == ROW_ONE_FINITE) x[rng_int(g, 0, V - 1)] = 0.75f;
+    if (kind == ROW_SHARP) x[rng_int(g, 0, V - 1)] = 30.0f;
+    if (kind == ROW_POS_INF) x[rng_int(g, 0, V - 1)] = INFINITY;
+    if (kind == ROW_TIE_BAND) {
+        for (int j = 0; j < 500; j++) x[rng_int(g, 0, V - 1)] = 3.0f;
+        for (int j = 0; j < 10; j++) x[rng_int(g, 0, V - 1)] = 6.0f;
+    }
+    if (kind == ROW_CLUSTERED) {
+        for (int j = 0; j < 64 && 2048 * (j / 4) + j % 4 < V; j++) x[2048 * (j / 4) + j % 4] = 10.0f;
+        for (int j = 0; j < 64; j++) x[rng_int(g, 0, V - 1)] = 10.0f;
+    }
+}
+
+// Every GPU version against the reference (sample_tokens_cpu, the same
+// arguments) on the same rows: each version's ids must equal the
+// reference's on every row, and a second run must repeat them. One verdict
+// per version; a FAIL for each differing row (the first 8) names it, its
+// parameters and the ids.
+static void compare_with_reference(const char *what, int V, long long stride, int R, const float *l,
+                                   const float *temp, const int32_t *tk, const float *tp, const uint64_t *seed,
+                                   const int64_t *gen, const int *kind) {
+    int32_t *cpu = malloc(R * sizeof *cpu), *gpu = malloc(R * sizeof *gpu), *gpu2 = malloc(R * sizeof *gpu2);
+    if (sample_tokens_cpu(cpu, l, stride, R, V, temp, tk, tp, seed, gen)) {
+        verdict("FAIL", "sampler %s: CPU reference: %s", what, mv_last_error());
+        free(cpu), free(gpu), free(gpu2);
+        return;
+    }
+    int greedy = 0, sampled = 0, none = 0, not_argmax = 0;
+    for (int r = 0; r < R; r++) {
+        if (cpu[r] < 0) none++;
+        else if (temp[r] == 0) greedy++;
+        else {
+            sampled++;
+            not_argmax += cpu[r] != sampling_argmax_cpu(l + (size_t)r * stride, V);
+        }
+    }
+    for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) {
+        const char *name = sampling_version_name(v);
+        if (gpu_sample(v, l, stride, R, V, temp, tk, tp, seed, gen, gpu) ||
+            gpu_sample(v, l, stride, R, V, temp, tk, tp, seed, gen, gpu2)) {
+            verdict("FAIL", "sampler %s %s: GPU: %s", name, what, mv_last_error());
+            continue;
+        }
+        int bad = 0;
+        for (int r = 0; r < R; r++) {
+            if (gpu[r] == cpu[r] && gpu2[r] == gpu[r]) continue;
+            if (bad++ < 8)
+                verdict("FAIL", "sampler %s %s row %d (%s; T %g, top_k %d, top_p %g, seed 0x%llx, gen_index %lld): "
+                                "GPU %d (again: %d), CPU reference %d",
+                        name, what, r, ROW_KIND_NAME[kind[r]], temp[r], tk[r], tp[r], (unsigned long long)seed[r],
+                        (long long)gen[r], gpu[r], gpu2[r], cpu[r]);
+        }
+        if (bad) verdict("FAIL", "sampler %s %s: %d of %d rows differ from the CPU reference", name, what, bad, R);
+        else verdict("PASS", "sampler %s %s: %d rows, every GPU id equal to the CPU reference's and repeatable (%d "
+                             "greedy, %d sampled of which %d not the argmax, %d without a finite largest value: -1)",
+                     name, what, R, greedy, sampled, not_argmax, none);
+    }
+    free(cpu), free(gpu), free(gpu2);
+}
+
+// One vocabulary size: rows of every kind with mixed parameters (greedy,
+// tiny to huge temperatures, top-k from 1 to past the vocabulary, top-p
+// from subnormal to off), seeds and gen_index spread over 64 bits.
+static void check_sampler_vocab(int V, long long stride, int R, rng_t *g) {
+    static const float temps[10] = {0.0f, 1e-45f, 1e-30f, 0.05f, 0.3f, 0.7f, 1.0f, 1.7f, 100.0f, 1e30f};
+    static const float tps[8] = {1.0f, 0.999f, 0.95f, 0.9f, 0.5f, 0.05f, 1e-7f, 1e-40f};
+    float *l = malloc((size_t)R * (size_t)stride * sizeof *l), *temp = malloc(R * sizeof *temp),
+          *tp = malloc(R * sizeof *tp);
+    int32_t *tk = malloc(R * sizeof *tk);
+    uint64_t *seed = malloc(R * sizeof *seed);
+    int64_t *gen = malloc(R * sizeof *gen);
+    int *kind = malloc(R * sizeof *kind);
+    for (int r = 0; r < R; r++) {
+        kind[r] = r % ROW_NUM_KINDS;
+        float *x = l + (size_t)r * stride;
+        fill_row(g, x, V, kind[r]);
+        for (long long i = V; i < stride; i++) x[i] = NAN;  // past the vocabulary: must never be read as a token
+        const int ks[7] = {0, 1, 2, 40, V - 1, V, V + 5};
+        temp[r] = temps[(r / 3) % 10];
+        tk[r] = ks[(r / 7) % 7] < 0 ? 0 : ks[(r / 7) % 7];
+        tp[r] = tps[(r / 11) % 8];
+        seed[r] = rng_u64(g);
+        gen[r] = r % 4 ? (int64_t)(rng_u64(g) >> 24) : r;  // up to 2^40, and small ones
+    }
+    char what[64];
+    snprintf(what, sizeof what, "vocab %d%s", V, stride != V ? " (rows strided)" : "");
+    compare_with_reference(what, V, stride, R, l, temp, tk, tp, seed, gen, kind);
+    free(l), free(temp), free(tp), free(tk), free(seed), free(gen), free(kind);
+}
+
+// Rows aimed at version 2's paths (kernels/sampling.cu): top-k from 1 to
+// past its 2048 candidates (1024, 1025: just past 1024; 2048, 2049: its
+// bound), k equal to / around the number of finite logits (codes -1, -2,
+// -3: n - 1, n, n + 1), ties at the k-th, top-p alone (also where the
+// tokens outside the 2048 largest carry most of the mass), tiny top-p,
+// top-p 1 with top-k, a top-p target met exactly by a prefix (constant rows: every
+// mass 2^32, top_p 0.25 of 20, 0.5 of 8 and of an even count; the cut is
+// the first prefix that reaches it, not the one past it), top_k 2 and 3 of
+// nearly equal logits (the k-th token often wins), rows without an answer.
+// Each case on PATH_ROWS rows of fresh logits, seeds and gen_index.
+#define PATH_ROWS 3
+typedef struct {
+    int kind;
+    float temperature;
+    int top_k;  // < 0: relative to the row's finite logits n (-1: n - 1, -2: n, -3: n + 1)
+    float top_p;
+} path_case_t;
+static const path_case_t PATH_CASES[] = {
+    {ROW_LM, 0.6f, 1, 1.0f},             {ROW_LM, 0.6f, 2, 1.0f},             {ROW_LM, 0.6f, 20, 1.0f},
+    {ROW_LM, 0.6f, 20, 0.95f},           {ROW_LM, 0.6f, 50, 0.95f},           {ROW_LM, 1.0f, 1000, 0.95f},
+    {ROW_LM, 1.0f, 1024, 0.9f},          {ROW_LM, 1.0f, 1025, 0.9f},          {ROW_LM, 1.0f, 2048, 1.0f},
+    {ROW_LM, 1.0f, 2049, 0.95f},         {ROW_LM, 0.6f, 0, 0.95f},            {ROW_LM, 0.6f, 20, 1e-7f},
+    {ROW_LM, 0.6f, 0, 1e-7f},            {ROW_LM, 2.0f, 0, 0.005f},           {ROW_UNIFORM, 1.0f, 0, 0.01f},
+    {ROW_LM, 0.6f, 0, 1.0f},             {ROW_LM, 0.0f, 20, 0.95f},           {ROW_LM, 0.6f, -1, 0.95f},
+    {ROW_LM, 0.6f, -2, 0.95f},           {ROW_TIE_BAND, 0.7f, 20, 1.0f},      {ROW_TIE_BAND, 0.7f, 100, 0.9f},
+    {ROW_TIE_BAND, 0.7f, 509, 1.0f},     {ROW_TIE_BAND, 0.7f, 510, 0.95f},    {ROW_TIE_BAND, 0.7f, 511, 1.0f},
+    {ROW_TIE_BAND, 2.0f, 0, 0.5f},       {ROW_DESCENDING, 1.0f, 20, 1.0f},    {ROW_DESCENDING, 1.0f, 1025, 0.99f},
+    {ROW_DESCENDING, 1.0f, 2048, 1.0f},  {ROW_DESCENDING, 1.0f, 2049, 1.0f},  {ROW_DESCENDING, 0.01f, 0, 0.9f},
+    {ROW_CLUSTERED, 0.6f, 20, 0.95f},    {ROW_CLUSTERED, 0.6f, 0, 0.95f},     {ROW_CLUSTERED, 0.6f, 100, 1.0f},
+    {ROW_CLUSTERED, 0.6f, 0, 0.5f},      {ROW_CLUSTERED, 1.0f, 0, 0.2f},      {ROW_CONSTANT, 0.6f, 20, 0.25f},
+    {ROW_CONSTANT, 0.6f, 0, 0.5f},       {ROW_CONSTANT, 1.0f, 20, 0.25f},     {ROW_CONSTANT, 1.0f, 0, 0.5f},
+    {ROW_CONSTANT, 2.0f, 8, 0.5f},       {ROW_DESCENDING, 1.0f, 2, 1.0f},     {ROW_DESCENDING, 1.0f, 3, 0.9f},
+    {ROW_SPARSE, 0.6f, 40, 0.95f},       {ROW_SPARSE, 0.6f, 50, 1.0f},        {ROW_SPARSE, 0.6f, -1, 0.95f},
+    {ROW_SPARSE, 0.6f, -2, 0.95f},       {ROW_SPARSE, 0.6f, -3, 1.0f},        {ROW_HOLES, 0.6f, -1, 1.0f},
+    {ROW_HOLES, 0.6f, -2, 0.9f},         {ROW_HOLES, 0.6f, 20, 0.95f},        {ROW_CONSTANT, 0.6f, 20, 0.95f},
+    {ROW_CONSTANT, 0.6f, 0, 0.3f},       {ROW_FLAT, 0.6f, 0, 0.95f},          {ROW_FLAT, 0.6f, 1000, 0.95f},
+    {ROW_SHARP, 0.6f, 20, 0.95f},        {ROW_SHARP, 0.6f, 0, 0.95f},         {ROW_COARSE, 0.6f, 20, 0.95f},
+    {ROW_TIE3, 0.6f, 2, 1.0f},           {ROW_ZEROS, 0.6f, 20, 0.95f},        {ROW_HUGE, 0.6f, 20, 0.95f},
+    {ROW_SUBNORMAL, 0.6f, 20, 0.95f},    {ROW_ONE_FINITE, 0.6f, 20, 0.95f},   {ROW_ONE_FINITE, 0.6f, 1, 1.0f},
+    {ROW_POS_INF, 0.6f, 20, 0.95f},      {ROW_ALL_NAN, 0.6f, 20, 0.95f},      {ROW_ALL_NEG_INF, 0.6f, 0, 0.9f},
+    {ROW_NAN_NEG_INF, 0.6f, 20, 1.0f},
+};
+#define N_PATH_CASES ((int)(sizeof PATH_CASES / sizeof *PATH_CASES))
+
+static void check_sampler_paths(int V, rng_t *g) {
+    const int R = N_PATH_CASES * PATH_ROWS;
+    float *l = malloc((size_t)R * (size_t)V * sizeof *l), *temp = malloc(R * sizeof *temp),
+          *tp = malloc(R * sizeof *tp);
+    int32_t *tk = malloc(R * sizeof *tk);
+    uint64_t *seed = malloc(R * sizeof *seed);
+    int64_t *gen = malloc(R * sizeof *gen);
+    int *kind = malloc(R * sizeof *kind);
+    for (int r = 0; r < R; r++) {
+        const path_case_t *c = &PATH_CASES[r / PATH_ROWS];
+        float *x = l + (size_t)r * V;
+        fill_row(g, x, V, kind[r] = c->kind);
+        int n = 0;
+        for (int i = 0; i < V; i++) n += isfinite(x[i]) != 0;
+        const int k = c->top_k >= 0 ? c->top_k : n - 1 + (-c->top_k - 1);
+        temp[r] = c->temperature, tk[r] = k < 0 ? 0 : k, tp[r] = c->top_p;
+        seed[r] = rng_u64(g);
+        gen[r] = (int64_t)(rng_u64(g) >> 24);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "paths vocab %d", V);
+    compare_with_reference(what, V, V, R, l, temp, tk, tp, seed, gen, kind);
+    free(l), free(temp), free(tp), free(tk), free(seed), free(gen), free(kind);
+}
+
+// Frequencies: one row of 8 logits drawn N_FREQ times (gen_index 0..N-1):
+// every id equal to the reference's, and the frequencies within FREQ_TOL
+// of softmax(logits / T) over the reference's kept set, computed in double
+// (the distribution both sides must draw from, checked on the GPU's
+// output), for every version.
+static void check_sampler_frequencies(void) {
     const int V = 8;
     const float base[8] = {1.0f, 0.5f, 0.5f, -0.2f, 2.0f, -3.0f, 0.9f, 1.1f};
     const float temps[3] = {1.0f, 0.7f, 1.3f};
@@ -504,29 +730,167 @@ static void check_sampler(void) {
     for (int c = 0; c < 3; c++) {
         float *l = malloc((size_t)N_FREQ * V * sizeof *l), *temp = malloc(N_FREQ * sizeof *temp),
               *tp = malloc(N_FREQ * sizeof *tp);
-        int32_t *tk = malloc(N_FREQ * sizeof *tk), *out = malloc(N_FREQ * sizeof *out);
+        int32_t *tk = malloc(N_FREQ * sizeof *tk), *out = malloc(N_FREQ * sizeof *out),
+                *want = malloc(N_FREQ * sizeof *want);
         uint64_t *seed = malloc(N_FREQ * sizeof *seed);
         int64_t *gen = malloc(N_FREQ * sizeof *gen);
         for (int r = 0; r < N_FREQ; r++) {
             memcpy(l + (size_t)r * V, base, sizeof base);
             temp[r] = temps[c], tk[r] = tks[c], tp[r] = tps[c], seed[r] = 77, gen[r] = r;
         }
-        char kept[8], slack[8];
-        double prob[8], freq[8] = {0}, worst = 0;
-        sampling_params_t p = {temps[c], tks[c], tps[c], 1, 0};
-        kept_set(base, V, &p, kept, slack, prob);
-        if (gpu_sample(l, N_FREQ, V, temp, tk, tp, seed, gen, out)) {
-            verdict("FAIL", "sampler frequencies: %s", mv_last_error());
-        } else {
-            for (int r = 0; r < N_FREQ; r++)
-                if (out[r] >= 0 && out[r] < V) freq[out[r]] += 1.0 / N_FREQ;
-            for (int i = 0; i < V; i++) worst = fmax(worst, fabs(freq[i] - prob[i]));
-            verdict(worst < FREQ_TOL ? "PASS" : "FAIL",
-                    "sampler frequencies (T %g, top_k %d, top_p %g, %d draws): max |freq - host prob| %.4f (tol %g)",
-                    temps[c], tks[c], tps[c], N_FREQ, worst, FREQ_TOL);
+        double prob[8] = {0}, sum = 0;
+        sampling_scratch_t s;
+        const sampling_row_t row = {temps[c], tks[c], tps[c], 77, 0};
+        int n = 0;
+        if (sampling_scratch_init(&s, V) || sampling_kept_cpu(&s, base, &row, &n)) n = 0;
+        for (int j = 0; j < n; j++) {
+            const int id = sampling_unpack_id(s.order[j]);
+            sum += prob[id] = exp(((double)base[id] - 2.0) / temps[c]);
         }
-        free(l), free(temp), free(tp), free(tk), free(out), free(seed), free(gen);
+        sampling_scratch_free(&s);
+        if (n == 0 || sample_tokens_cpu(want, l, V, N_FREQ, V, temp, tk, tp, seed, gen)) {
+            verdict("FAIL", "sampler frequencies: %s", mv_last_error());
+            n = 0;
+        }
+        for (int v = 1; v <= SAMPLING_NUM_VERSIONS && n > 0; v++) {
+            if (gpu_sample(v, l, V, N_FREQ, V, temp, tk, tp, seed, gen, out)) {
+                verdict("FAIL", "sampler %s frequencies: %s", sampling_version_name(v), mv_last_error());
+                continue;
+            }
+            double freq[8] = {0}, worst = 0;
+            int differ = 0;
+            for (int r = 0; r < N_FREQ; r++) {
+                differ += out[r] != want[r];
+                if (out[r] >= 0 && out[r] < V) freq[out[r]] += 1.0 / N_FREQ;
+            }
+            for (int i = 0; i < V; i++) worst = fmax(worst, fabs(freq[i] - prob[i] / sum));
+            verdict(worst < FREQ_TOL && !differ ? "PASS" : "FAIL",
+                    "sampler %s frequencies (T %g, top_k %d, top_p %g, %d draws, %d kept): %d ids differ from the "
+                    "CPU reference; max |freq - softmax| %.4f (tol %g)",
+                    sampling_version_name(v), temps[c], tks[c], tps[c], N_FREQ, n, differ, worst, FREQ_TOL);
+        }
+        free(l), free(temp), free(tp), free(tk), free(out), free(want), free(seed), free(gen);
     }
+}
+
+static int cmp_float(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+// Timing (conventions: check, then time): `rows` rows of `V` logits from
+// normal(0, 3) (an LM head's spread: a bell, the top ~13 above the mean),
+// each version under four settings, the median of `reps` runs timed with
+// CUDA events, each run after a write of twice the L2 (the 155.6 MB of
+// logits of 256 x 151936 are 3x the H200's L2 already). Napkin math: one
+// read of those logits is 155.6 MB, ~39 us at ~4 TB/s; kernels/sampling.cu
+// counts each version's passes. The engine's budget: a greedy step at
+// batch 256 takes ~10-12 ms, so sampling should cost well under 0.5 ms
+// (5%). Version 2's ids must equal version 1's (FAIL otherwise); the
+// timings themselves are information, not a verdict.
+static void time_sampler(int rows, int V, int reps, rng_t *g) {
+    static const struct {
+        const char *what;
+        float temperature;
+        int top_k;
+        float top_p;
+    } cfg[4] = {{"greedy", 0.0f, 0, 1.0f},
+                {"T 0.6", 0.6f, 0, 1.0f},
+                {"T 0.6, top_k 20", 0.6f, 20, 1.0f},
+                {"Qwen3 default (T 0.6, top_k 20, top_p 0.95)", 0.6f, 20, 0.95f}};
+    const size_t R = (size_t)rows, n = R * (size_t)V;
+    float *h_logits = malloc(n * sizeof *h_logits), *h_temp = malloc(R * sizeof *h_temp),
+          *h_tp = malloc(R * sizeof *h_tp), *ms = malloc((size_t)reps * sizeof *ms);
+    int32_t *h_tk = malloc(R * sizeof *h_tk), *h_ids[SAMPLING_NUM_VERSIONS + 1] = {0};
+    uint64_t *h_seed = malloc(R * sizeof *h_seed);
+    int64_t *h_gen = malloc(R * sizeof *h_gen);
+    for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) h_ids[v] = malloc(R * sizeof(int32_t));
+    fill_normal_f32(g, h_logits, n, 0.0f, 3.0f);
+    for (size_t r = 0; r < R; r++) h_seed[r] = rng_u64(g), h_gen[r] = (int64_t)(rng_u64(g) >> 40);
+    int dev = 0, l2 = 0;
+    sbufs_t d = {0};
+    void *flush = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    int rc = CUDA_TRY(cudaGetDevice(&dev)) || CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) ||
+             CUDA_TRY(cudaMalloc(&flush, 2 * (size_t)l2 + 1)) ||
+             CUDA_TRY(cudaMalloc((void **)&d.logits, n * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.temp, R * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.top_p, R * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.top_k, R * sizeof(int32_t))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.out, R * sizeof(int32_t))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.seed, R * sizeof(uint64_t))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.gen, R * sizeof(int64_t))) || CUDA_TRY(cudaEventCreate(&t0)) ||
+             CUDA_TRY(cudaEventCreate(&t1)) ||
+             CUDA_TRY(cudaMemcpy(d.logits, h_logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaMemcpy(d.seed, h_seed, R * sizeof(uint64_t), cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaMemcpy(d.gen, h_gen, R * sizeof(int64_t), cudaMemcpyHostToDevice));
+    const double mb = (double)n * sizeof(float) / 1e6;
+    for (int c = 0; c < 4 && !rc; c++) {
+        for (size_t r = 0; r < R; r++) h_temp[r] = cfg[c].temperature, h_tk[r] = cfg[c].top_k, h_tp[r] = cfg[c].top_p;
+        rc = CUDA_TRY(cudaMemcpy(d.temp, h_temp, R * sizeof(float), cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaMemcpy(d.top_k, h_tk, R * sizeof(int32_t), cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaMemcpy(d.top_p, h_tp, R * sizeof(float), cudaMemcpyHostToDevice));
+        double median[SAMPLING_NUM_VERSIONS + 1] = {0}, lo[SAMPLING_NUM_VERSIONS + 1] = {0},
+               hi[SAMPLING_NUM_VERSIONS + 1] = {0};
+        for (int v = 1; v <= SAMPLING_NUM_VERSIONS && !rc; v++) {
+            rc = CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t))) ||  // poisoned: an unwritten row shows
+                 sample_tokens_cuda(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                 CUDA_TRY(cudaMemcpy(h_ids[v], d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));  // + warm-up
+            for (int i = 0; i < reps && !rc; i++) {
+                rc = CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
+                     CUDA_TRY(cudaEventRecord(t0, 0)) ||
+                     sample_tokens_cuda(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                     CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1)) ||
+                     CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));
+            }
+            if (rc) break;
+            qsort(ms, (size_t)reps, sizeof *ms, cmp_float);
+            median[v] = ms[reps / 2], lo[v] = ms[0], hi[v] = ms[reps - 1];
+        }
+        if (rc) break;
+        int differ = 0;
+        for (int v = 2; v <= SAMPLING_NUM_VERSIONS; v++)
+            for (size_t r = 0; r < R; r++) differ += h_ids[v][r] != h_ids[1][r];
+        if (differ)
+            verdict("FAIL", "sampler timing %s: %d ids of the later versions differ from version 1's", cfg[c].what,
+                    differ);
+        const int last = SAMPLING_NUM_VERSIONS;
+        printf("sampler timing %d rows x %d, %s: ", rows, V, cfg[c].what);
+        for (int v = 1; v <= last; v++)
+            printf("%s %.3f ms (%.3f-%.3f)%s", sampling_version_name(v), median[v], lo[v], hi[v], v < last ? ", " : "");
+        printf(", median of %d; v1/v%d %.1fx; v%d = one read of the %.1f MB of logits at %.0f GB/s\n", reps, last,
+               median[1] / median[last], last, mb, mb / median[last]);
+    }
+    if (rc) verdict("FAIL", "sampler timing: %s", mv_last_error());
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cudaFree(flush), cudaFree(d.logits), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k), cudaFree(d.out),
+        cudaFree(d.seed), cudaFree(d.gen);
+    for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) free(h_ids[v]);
+    free(h_logits), free(h_temp), free(h_tp), free(ms), free(h_tk), free(h_seed), free(h_gen);
+}
+
+static void check_sampler(void) {
+    rng_t g;
+    rng_seed(&g, 1234);
+    // 1 and 2: the smallest rows; 512: the tiny models'; 1000 with a stride
+    // of 1003 (rows not packed, nor 16-byte aligned); 4097: one past a power
+    // of two; Qwen3's 151936.
+    check_sampler_vocab(1, 1, 64, &g);
+    check_sampler_vocab(2, 2, 64, &g);
+    check_sampler_vocab(512, 512, 448, &g);
+    check_sampler_vocab(1000, 1003, 448, &g);
+    check_sampler_vocab(4097, 4097, 448, &g);
+    check_sampler_vocab(151936, 151936, 160, &g);
+    // Version 2's paths: Qwen3's vocabulary; 4099 and 2050 (rows off 16-byte
+    // boundaries, the lists of the last threads short); small ones.
+    check_sampler_paths(151936, &g);
+    check_sampler_paths(4099, &g);
+    check_sampler_paths(2050, &g);
+    check_sampler_paths(100, &g);
+    check_sampler_paths(3, &g);
+    check_sampler_frequencies();
+    time_sampler(256, 151936, 11, &g);
 }
 #endif
 
@@ -540,8 +904,11 @@ int main(int argc, char **argv) {
                 return 2;
             }
             dev = strcmp(d, "cpu") ? RUNNER_DEVICE_CUDA : RUNNER_DEVICE_CPU;
+        } else if (!strcmp(argv[i], "--enforce-eager")) {
+            g_enforce_eager = 1;
         } else {
-            fprintf(stderr, "usage: engine_check [--device cuda|cpu]   (run from the repository root)\n");
+            fprintf(stderr, "usage: engine_check [--device cuda|cpu] [--enforce-eager]   (run from the repository "
+                            "root)\n");
             return strcmp(argv[i], "--help") ? 2 : 0;
         }
     }
@@ -550,10 +917,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "engine_check: --device %s: %s\n", model_runner_device_name(dev), why);
         return 1;
     }
-    printf("engine_check: device %s\n", model_runner_device_name(dev));
+    printf("engine_check: device %s%s\n", model_runner_device_name(dev),
+           dev == RUNNER_DEVICE_CUDA ? (g_enforce_eager ? ", --enforce-eager (no CUDA graphs)" : ", CUDA graphs on")
+                                     : "");
     check_goldens(dev);
 #if MV_HAVE_CUDA
-    if (dev == RUNNER_DEVICE_CUDA) check_sampler();
+    if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_sampler();  // the engine's mode does not change it
 #endif
     printf("engine_check: %d PASS, %d NEAR-TIE (bf16 took the other side of an HF top-2 margin < %g), %d SKIP, "
            "%d FAIL\n",

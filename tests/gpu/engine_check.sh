@@ -7,7 +7,9 @@
 # package registry) into /opt/deps, builds for sm_90, then:
 #   1. build/engine_check (--device cuda): the tiny transformers checkpoints
 #      alone / batched / prefix-cached / chunked / preempted / memory-sized,
-#      first-step logits, and the GPU sampler against the host's. One line
+#      first-step logits, CUDA graphs against eager launches (bit-identical
+#      tokens and logits), and the GPU sampler against its CPU reference;
+#      then the goldens again with --enforce-eager. One line
 #      per case: PASS, NEAR-TIE (a bf16 flip at an HF near tie, listed),
 #      FAIL. All three checkpoints run on cuda (head_dim 64 / 128 / 64).
 #   2. minivllm generate --device cuda and --device cpu on the demo prompts
@@ -40,8 +42,12 @@ cat "$OUT/env.txt"
 make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 || { echo "BUILD FAILED"; exit 1; }
 status=0
 
-echo "=================== build/engine_check --device cuda"
+echo "=================== build/engine_check --device cuda (CUDA graphs on)"
 CUDA_VISIBLE_DEVICES=0 ./build/engine_check --device cuda | tee "$OUT/engine_check.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "=================== build/engine_check --device cuda --enforce-eager"
+CUDA_VISIBLE_DEVICES=0 ./build/engine_check --device cuda --enforce-eager | tee "$OUT/engine_check.eager.txt" \
+  | grep -vE "^PASS"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "=================== minivllm generate, tiny-qwen3-mha, cuda vs cpu"
@@ -52,7 +58,7 @@ for dev in cuda cpu; do
 done
 paste -d'\n' "$OUT/generate.cuda.jsonl" "$OUT/generate.cpu.jsonl" | sed 's/^/  /'
 
-echo "=================== compute-sanitizer memcheck: generate --device cuda"
+echo "=================== compute-sanitizer memcheck: generate --device cuda (decode steps replayed from CUDA graphs)"
 CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 99 ./build/minivllm generate \
   --model $model --device cuda --input chapters/09-engine/demo.jsonl --output /dev/null \
   --max-num-seqs 8 --gpu-memory-utilization 0.05 > "$OUT/sanitizer.log" 2>&1

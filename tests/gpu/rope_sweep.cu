@@ -1,26 +1,27 @@
 /*
- * tests/gpu/rope_sweep.cu - issue 4's experiment: why does Qwen3's fused
- * q_norm/k_norm + RoPE stay at ~77% of copy in QKV rows while the plain
- * RoPE makes 86%, and which configuration of the fused kernel reaches 85%?
+ * tests/gpu/rope_sweep.cu - chapter 05's experiment: why did Qwen3's fused
+ * q_norm/k_norm + RoPE (versions 3 and 4) stay at ~77% of copy in QKV rows
+ * while the plain RoPE made 86%, and which configuration of the fused
+ * kernel reaches 85%? (Its answer is version 6.)
  *
  * Runs every member of kernels/rope_fused.cuh (TOK x MINB x COSSIN x MATH,
  * D = 128 as 8 lanes x 2 vectors of 8) on Qwen3-0.6B-shaped QKV rows (16 q
  * heads, 8 kv heads, row of 32 heads x 128) at T = 32768 and T = 8192, with
  * random positions < 40960 and the real cos/sin cache (rope_cache_build,
- * rope_cache_upload), beside the library's fused v4 and v5, the plain v3
- * and a cudaMemcpy2D of the same region. Each fused member's output is
+ * rope_cache_upload), beside the library's fused v4 and v6, the plain v3,
+ * the ceilings of the access pattern (touch_kernel) and a cudaMemcpy2D of
+ * the same region. Each fused member's output is
  * compared with fused v4's, bf16 for bf16 (ulps = distance between the two
  * bf16 values in the ordered bit patterns), and the v part of every row
  * must be untouched. Times: gpu_time_ms (common/gpu.h), 5 warm-up runs,
  * median of 50, L2 flushed before each; % of copy against
  * measure_ceilings()'s cudaMemcpy, as chapter 05 reports.
  *
- * Build (from the repo root, after `make ... CUDA_ARCH=90` built build/libmv_cuda.a
- * and build/libmv_host.a; -lnccl because common/check.c has NCCL in when the
+ * Build (from the repo root, after `make ... CUDA_ARCH=90` built
+ * build/lib/libmv_core.a; -lnccl because common/check.c has NCCL in when the
  * Makefile found nccl.h; leave it out on a build without NCCL):
  *   nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -I. -DMV_HAVE_CUDA=1 -DMV_HAVE_NCCL=0 \
- *     tests/gpu/rope_sweep.cu build/libmv_cuda.a build/libmv_host.a build/libmv_cuda.a \
- *     -lcublas -lnccl -o build/rope_sweep
+ *     tests/gpu/rope_sweep.cu build/lib/libmv_core.a -lcublas -lnccl -o build/rope_sweep
  * or simply: bash tests/gpu/rope_sweep.sh (builds, then runs; about 30 s of GPU).
  */
 #include <algorithm>
@@ -33,7 +34,6 @@
 #include "common/gpu.h"
 #include "common/rng.h"
 #include "kernels/rope.h"
-#include "kernels/rope_bulk.cuh"
 #include "kernels/rope_fused.cuh"
 #include "reference/rope.h"
 
@@ -78,7 +78,7 @@ int run_plain_v3(void *p, cudaStream_t s) {
     return rope_cuda(3, (bf16_t *)c->buf, ROW, (bf16_t *)(c->buf + H * D), ROW, c->pos, &c->cache, c->T, H, HKV, D, s);
 }
 
-// Ceilings for this access pattern (run 18): version 6's shape (one token
+// Ceilings for this access pattern: version 6's shape (one token
 // per block of 8 lanes x 24 heads, 16 bytes x 2 per thread, 8 blocks per
 // SM) reading each q/k vector of the QKV rows and writing it back XORed
 // with `flip` (0 at run time: the data stay as they are; unknown to the
@@ -119,57 +119,31 @@ int run_touch(void *p, cudaStream_t s) {
     return CUDA_TRY(cudaGetLastError());
 }
 
-// Members of kernels/rope_bulk.cuh (version 7's kernel): consumer warps,
-// tile bytes, stages, blocks per SM.
-template <int NCW, int TILE_BYTES, int STAGES, int BPS>
-int run_bulk(void *p, cudaStream_t s) {
-    ctx_t *c = (ctx_t *)p;
-    static int sms = 0;
-    if (!sms) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    if (rope_bulk::launch<8, 8, NCW>(c->buf, ROW, c->pos, c->cache.d_cos_sin, c->qw, c->kw, c->T, H, HKV, MAX_POS, EPS,
-                                     TILE_BYTES, STAGES, BPS, sms, s))
-        return mv_error("rope_sweep: the bulk member did not launch");
-    return CUDA_TRY(cudaGetLastError());
-}
-
 struct variant_t {
-    int tok, minb, cossin, math;  // -1: a library version (name says which); -2: a bulk member
+    int tok, minb, cossin, math;  // -1: a library version or a ceiling (name says which)
     const void *func;             // for the register / occupancy query (NULL: none)
     run_fn run;
     const char *name;
-    int ncw, tile_bytes, stages, bps;  // bulk members only
-    int offset;                        // elements the rows start past a 256-byte boundary (timed only)
+    int offset;  // elements the rows start past a 256-byte boundary (timed only)
 };
 
-#define M(t, b, c, x) {t, b, c, x, (const void *)rope_fused::kernel<8, 8, t, b, c, x>, run_member<t, b, c, x>, NULL}
+#define M(t, b, c, x) {t, b, c, x, (const void *)rope_fused::kernel<8, 8, t, b, c, x>, run_member<t, b, c, x>, NULL, 0}
 #define MX(t, b, c) M(t, b, c, 0), M(t, b, c, 1)
 #define MC(t, b) MX(t, b, 0), MX(t, b, 1), MX(t, b, 2)
 #define MB(t) MC(t, 1), MC(t, 4), MC(t, 5), MC(t, 6), MC(t, 8)
 
-#define BULK(w, tb, st, b) \
-    {-2, 0, 0, 1, (const void *)rope_bulk::kernel<8, 8, w>, run_bulk<w, tb, st, b>, NULL, w, tb, st, b}
-
 const variant_t variants[] = {
-    {-1, 0, 0, 0, NULL, run_fused<4>, "library fused v4"},
-    {-1, 0, 0, 0, NULL, run_fused<5>, "library fused v5"},
-    {-1, 0, 0, 0, NULL, run_fused<6>, "library fused v6"},
-    {-1, 0, 0, 0, NULL, run_fused<7>, "library fused v7"},
-    {-1, 0, 0, 0, NULL, run_plain_v3, "library PLAIN rope v3 (no norm)"},
-    {-1, 0, 0, 0, NULL, run_touch<false>, "CEILING read+write back, no math"},
-    {-1, 0, 0, 0, NULL, run_touch<true>, "CEILING read+write back + cos/sin loads"},
-    // Run 18: the same with every row 16 bytes past alignment (as chapter 05's
-    // timed buffers were until run 17: 8 guard elements before the data).
-    {-1, 0, 0, 0, NULL, run_fused<6>, "+16B library fused v6", 0, 0, 0, 0, 8},
-    {-1, 0, 0, 0, NULL, run_fused<7>, "+16B library fused v7", 0, 0, 0, 0, 8},
-    {-1, 0, 0, 0, NULL, run_plain_v3, "+16B library PLAIN rope v3", 0, 0, 0, 0, 8},
-    {-1, 0, 0, 0, NULL, run_touch<false>, "+16B CEILING read+write back", 0, 0, 0, 0, 8},
-    // Run 17: version 7's copy-engine pipeline: tile bytes 6 KB = 1 token
-    // of Qwen3-0.6B, 12 KB = 2, 24 KB = 4, 48 KB = 8.
-    BULK(8, 24576, 4, 2), BULK(4, 24576, 4, 2), BULK(16, 24576, 4, 2), BULK(8, 24576, 3, 2),
-    BULK(8, 24576, 2, 3), BULK(8, 12288, 8, 2), BULK(8, 12288, 4, 3), BULK(4, 12288, 4, 3),
-    BULK(8, 6144, 8, 3), BULK(4, 6144, 8, 4), BULK(8, 49152, 4, 1), BULK(8, 24576, 8, 1),
-    BULK(16, 49152, 4, 1),
-    // Run 14's family (kernels/rope_fused.cuh).
+    {-1, 0, 0, 0, NULL, run_fused<4>, "library fused v4", 0},
+    {-1, 0, 0, 0, NULL, run_fused<6>, "library fused v6", 0},
+    {-1, 0, 0, 0, NULL, run_plain_v3, "library PLAIN rope v3 (no norm)", 0},
+    {-1, 0, 0, 0, NULL, run_touch<false>, "CEILING read+write back, no math", 0},
+    {-1, 0, 0, 0, NULL, run_touch<true>, "CEILING read+write back + cos/sin loads", 0},
+    // The same with every row 16 bytes past alignment (8 elements): each
+    // token's q/k range then starts and ends in the middle of a 32-byte sector.
+    {-1, 0, 0, 0, NULL, run_fused<6>, "+16B library fused v6", 8},
+    {-1, 0, 0, 0, NULL, run_plain_v3, "+16B library PLAIN rope v3", 8},
+    {-1, 0, 0, 0, NULL, run_touch<false>, "+16B CEILING read+write back", 8},
+    // The family (kernels/rope_fused.cuh).
     MB(1), MB(2), MB(4),
 };
 
@@ -212,7 +186,7 @@ __global__ void compare_kernel(const uint16_t *got, const uint16_t *ref, const u
 struct row_t {
     const variant_t *v;
     double us;
-    int regs, local, blocks, threads;
+    int regs, local, blocks;
     cmp_t cmp;
     bool checked;
 };
@@ -220,10 +194,6 @@ struct row_t {
 void label(const variant_t *v, char *s, size_t n) {
     if (v->tok == -1) {
         snprintf(s, n, "%s", v->name);
-        return;
-    }
-    if (v->tok == -2) {
-        snprintf(s, n, "bulk %d warps, tile %d KB x %d stages, %d/SM", v->ncw, v->tile_bytes / 1024, v->stages, v->bps);
         return;
     }
     static const char *cs[] = {"smem+barrier", "global->regs", "sincosf(diag)"};
@@ -308,25 +278,15 @@ int main(int argc, char **argv) {
         std::vector<row_t> rows;
         for (int i = 0; i < nvar; i++) {
             const variant_t *v = &variants[i];
-            row_t r = {v, 0, -1, -1, -1, rope_fused::THREADS, {0, 0, 0}, false};
+            row_t r = {v, 0, -1, -1, -1, {0, 0, 0}, false};
             if (v->func) {
                 cudaFuncAttributes fa;
                 CUDA_CHECK(cudaFuncGetAttributes(&fa, v->func));
                 r.regs = fa.numRegs;
                 r.local = (int)fa.localSizeBytes;
-                if (v->tok == -2) {
-                    // Launch once first: that sets the kernel's dynamic shared-memory limit.
-                    MV_CHECK(v->run(&c, 0));
-                    int tile = v->tile_bytes / (QK * 2);
-                    const rope_bulk::layout_t L = rope_bulk::layout(H + HKV, D, tile < 1 ? 1 : tile, v->stages);
-                    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, 32 * (v->ncw + 1),
-                                                                             L.total));
-                    r.threads = 32 * (v->ncw + 1);
-                } else {
-                    const size_t smem = v->cossin == 0 ? sizeof(float) * v->tok * D : 0;  // tz = 1 for Qwen3
-                    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, rope_fused::THREADS,
-                                                                             smem));
-                }
+                const size_t smem = v->cossin == 0 ? sizeof(float) * v->tok * D : 0;  // tz = 1 for Qwen3
+                CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&r.blocks, v->func, rope_fused::THREADS,
+                                                                         smem));
             }
             c.buf = buf0 + v->offset;
             if (v->offset) CUDA_CHECK(cudaMemcpy(c.buf, saved, n * 2, cudaMemcpyDeviceToDevice));
@@ -361,7 +321,7 @@ int main(int argc, char **argv) {
                 snprintf(regs, sizeof regs, "%d", r.regs);
                 snprintf(local, sizeof local, "%d", r.local);
                 snprintf(blk, sizeof blk, "%d", r.blocks);
-                snprintf(warps, sizeof warps, "%d", r.blocks * r.threads / 32);
+                snprintf(warps, sizeof warps, "%d", r.blocks * rope_fused::THREADS / 32);
             }
             const char *mark = "";
             if (r.checked) {

@@ -1,0 +1,138 @@
+/*
+ * chapters/09-engine/runtime/engine.h - the inference engine: requests in, tokens out.
+ *
+ * Where it sits: on top of everything. It loads a model directory
+ * (config.json, generation_config.json, the safetensors weights and, when
+ * present, the tokenizer), builds a scheduler (chapter 08) and a model
+ * runner (model_runner.h), and runs the loop nano-vllm's LLMEngine runs:
+ *
+ *     while requests are unfinished:
+ *         step    = scheduler_schedule()          which tokens run, where their K/V go
+ *         logits  = model_runner_step(step)        one forward pass
+ *         tokens  = sampler_sample(logits)          one per sampled row, per-request rng
+ *         scheduler_postprocess(tokens)            append, finish on eos / length
+ *
+ * All the requests of one engine_generate() call are added at once and
+ * batched continuously: the scheduler mixes their prefills (chunked when the
+ * token budget is short) and decodes in every step, reuses cached prefix
+ * blocks, and preempts when the cache is full.
+ *
+ * Bad requests: engine_generate() checks every request before running any
+ * (ids inside the vocabulary, the scheduler's own checks: empty prompt,
+ * max_tokens < 1, too long, never fits in the cache...), and a bad one fails
+ * the whole call with -1 and a message naming the request's index. A batch
+ * is then all or nothing, which is what a command-line user expects from a
+ * file with a typo in it.
+ *
+ * Library code: 0 / -1 with mv_error(), never exits.
+ * Tests: tests/test_engine_cpu.c. Try it: ./build/minivllm generate --help
+ */
+#ifndef MV_ENGINE_H
+#define MV_ENGINE_H
+
+#include <stdint.h>
+
+#include "chapters/08-scheduler/sched/scheduler.h"
+#include "chapters/09-engine/model/model_config.h"
+#include "chapters/09-engine/runtime/model_runner.h"
+#include "chapters/09-engine/text/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// The defaults of max_num_seqs / max_num_batched_tokens (engine_config_resolve).
+#define ENGINE_CPU_MAX_NUM_SEQS 16
+#define ENGINE_CUDA_MAX_NUM_SEQS 256
+#define ENGINE_CUDA_MAX_NUM_BATCHED_TOKENS 8192
+
+typedef struct {
+    const char *model_dir;
+    runner_device_t device;
+    int max_model_len;           // 0 = min(max_position_embeddings, 4096)
+    int max_num_seqs;            // 0 = cpu 16, cuda 256; at most max_num_batched_tokens and
+                                 //     num_blocks when those are given
+    int max_num_batched_tokens;  // 0 = cpu: max(max_model_len, 512) capped at 8192;
+                                 //     cuda: 8192, at most max_num_seqs x max_model_len;
+                                 //     either way >= max_num_seqs
+    int block_size;              // 0 = 16
+    int num_blocks;              // 0 = cpu: enough for max_num_seqs full sequences, within kv_cache_bytes;
+                                 //     cuda: what gpu_memory_utilization leaves (the runner sizes it)
+    long long kv_cache_bytes;    // cpu: 0 = 2 GiB, the KV budget when num_blocks is 0;
+                                 // cuda: 0 = size from gpu_memory_utilization, else this budget
+    float gpu_memory_utilization;  // cuda: share of the GPU's memory for weights + scratch + KV, 0 = 0.9
+    int enforce_eager;           // cuda: 1 = no CUDA graphs, decode steps launched kernel by kernel
+    int enable_prefix_caching;
+    int num_threads;             // 0 = one per online CPU
+    int progress;                // 1: a progress line on stderr
+    int random_weights;          // 1: no weights file; seeded random ones for config.json's shapes
+                                 //    (qwen3_weights_random, std 0.02): for timing, not for text
+    uint64_t weights_seed;       // the seed of random_weights
+} engine_config_t;
+
+// The defaults above (prefix caching on).
+engine_config_t engine_config_default(const char *model_dir);
+// Fill the zeros of *c with the defaults for model m and check the sizes,
+// as engine_create does: a command can check its options before loading.
+int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m);
+
+typedef struct {
+    const int32_t *prompt;       // [num_prompt] token ids
+    int num_prompt;
+    sampling_params_t params;
+    uint64_t seed;               // keys this request's draws: Philox(seed; token id, gen_index)
+} engine_request_t;
+
+typedef struct {
+    int32_t *token_ids;          // [num_tokens] generated ids (an eos that stopped it included), malloc'd
+    int num_tokens;
+    finish_reason_t finish_reason;
+    // When, in seconds since engine_generate began (CLOCK_MONOTONIC; every
+    // request arrives then): its first token was on the host, and it finished.
+    // Time to first token is first_token_s; time per output token after it is
+    // (finish_s - first_token_s) / (num_tokens - 1). `minivllm bench --latency`.
+    double first_token_s, finish_s;
+} engine_output_t;
+
+typedef struct engine {
+    engine_config_t cfg;         // with the defaults filled in
+    qwen3_config_t model;
+    st_model_t *weights;         // the mapped checkpoint; NULL with random_weights once the runner has its copy
+    tokenizer_t *tokenizer;      // NULL when the directory has none
+    model_runner_t *runner;      // its weight_bytes, kv_cache_bytes, scratch_bytes: what it placed
+    scheduler_config_t sched_cfg;
+    // statistics of the last engine_generate
+    long long num_steps, num_prompt_tokens, num_generated_tokens, num_cached_tokens, num_preemptions;
+    double elapsed_s;
+    // Where a run's time went, per engine_generate: host_s in the engine's own
+    // host work (scheduling, building the step, host sampling, postprocessing),
+    // runner_s inside the model runner's step (staging the inputs, the GPU's
+    // work and the wait for it). The host does not yet overlap its work with
+    // the GPU's, so host_s / num_steps is what each step adds to the GPU time.
+    double host_s, runner_s;
+    int failed_request;          // the request a failing engine_generate named, else -1
+} engine_t;
+
+// Optional hook: called with each sampled row's logits [vocab] before sampling.
+// gen_index = how many tokens that request had generated before this one.
+// The cuda backend samples on the GPU either way (the same tokens with or
+// without the hook); with the hook it also copies the logits to the host.
+typedef void (*engine_logits_fn)(void *ctx, int request, int gen_index, const float *logits, int vocab);
+
+int engine_create(const engine_config_t *cfg, engine_t **out);
+void engine_free(engine_t *e);
+
+// Run requests[0..n) to completion; outputs[i] belongs to requests[i]
+// (free them with engine_outputs_free). -1 with mv_error() naming the
+// request on a bad one (nothing is run then) or on a failing step.
+int engine_generate(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
+                    engine_logits_fn on_logits, void *ctx);
+void engine_outputs_free(engine_output_t *outputs, int n);
+
+// "stop" (an eos id) or "length" (max_tokens or max_model_len), as vLLM says.
+const char *engine_finish_reason(finish_reason_t r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,164 @@
+/*
+ * chapters/09-engine/runtime/model_runner.c - the model runner's
+ * device-independent half (see model_runner.h): picking a backend, checking
+ * the runner's sizes and every step before a backend sees it, and the RoPE
+ * cache both backends build from config.json. The backends live in
+ * runner_cpu.c and runner_cuda.c; neither reaches into the other.
+ */
+#include "chapters/09-engine/runtime/model_runner.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "chapters/09-engine/runtime/sampler.h"
+#include "common/check.h"
+#include "common/gpu.h"
+#include "reference/attention.h"
+#include "reference/embedding.h"
+#include "reference/rope.h"
+
+int model_runner_build_rope(rope_cache_t *rope, const qwen3_config_t *c, int max_model_len) {
+    rope_config_t rc = {
+        .head_dim = c->head_dim,
+        .max_position = max_model_len,
+        .theta = c->rope_theta,
+        .scaling = c->rope_scaling.kind == QWEN3_ROPE_LLAMA3 ? ROPE_SCALING_LLAMA3 : ROPE_SCALING_NONE,
+        .factor = c->rope_scaling.factor,
+        .low_freq_factor = c->rope_scaling.low_freq_factor,
+        .high_freq_factor = c->rope_scaling.high_freq_factor,
+        .original_max_position = c->rope_scaling.original_max_position_embeddings,
+    };
+    return rope_cache_build(rope, &rc);
+}
+
+
+size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runner_device_t device) {
+    size_t elem = device == RUNNER_DEVICE_CPU ? sizeof(float) : sizeof(bf16_t);
+    // K and V, every layer, block_size tokens of nkv heads of hd values.
+    return 2 * (size_t)cfg->num_hidden_layers * (size_t)block_size * (size_t)cfg->num_key_value_heads *
+           (size_t)cfg->head_dim * elem;
+}
+
+const char *model_runner_device_name(runner_device_t device) { return device == RUNNER_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+int model_runner_device_available(runner_device_t device, char *why, size_t cap) {
+    if (device == RUNNER_DEVICE_CPU) return 1;
+#if MV_HAVE_CUDA
+    gpu_info_t info;
+    if (gpu_probe(&info, 0) == 0) return 1;
+    snprintf(why, cap, "%s", info.why_not);
+#else
+    snprintf(why, cap, "this minivllm was built without CUDA (nvcc was not found, or NO_CUDA=1)");
+#endif
+    return 0;
+}
+
+runner_device_t model_runner_default_device(void) {
+    char why[256];
+    return model_runner_device_available(RUNNER_DEVICE_CUDA, why, sizeof why) ? RUNNER_DEVICE_CUDA : RUNNER_DEVICE_CPU;
+}
+
+static int validate_config(const runner_config_t *rc, const qwen3_config_t *c) {
+    if (rc->max_num_seqs < 1 || rc->max_num_batched_tokens < rc->max_num_seqs)
+        return mv_error("model runner: max_num_seqs (%d) must be >= 1 and <= max_num_batched_tokens (%d)",
+                        rc->max_num_seqs, rc->max_num_batched_tokens);
+    if (rc->max_model_len < 1 || rc->max_model_len > c->max_position_embeddings)
+        return mv_error("model runner: max_model_len %d must be in [1, max_position_embeddings = %d]",
+                        rc->max_model_len, c->max_position_embeddings);
+    if (rc->num_threads < 0) return mv_error("model runner: num_threads must be >= 0, got %d", rc->num_threads);
+    if (!(rc->gpu_memory_utilization >= 0 && rc->gpu_memory_utilization <= 1))
+        return mv_error("model runner: gpu_memory_utilization %g must be in (0, 1] (0 = 0.9)",
+                        rc->gpu_memory_utilization);
+    // The cuda backend may be left to size the cache itself (num_blocks 0):
+    // it knows how much memory is left only after placing the weights.
+    const int sized_later = rc->device == RUNNER_DEVICE_CUDA && rc->num_blocks == 0;
+    if (attention_validate_heads(rc->max_num_seqs, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+                                 1.0f / sqrtf((float)c->head_dim)) ||
+        attention_validate_cache(rc->block_size, sized_later ? 1 : rc->num_blocks, 1))
+        return -1;
+    return 0;
+}
+
+int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, const runner_config_t *rc,
+                        model_runner_t **out) {
+    *out = NULL;
+    const runner_backend_t *b = NULL;
+    char why[256];
+    if (!model_runner_device_available(rc->device, why, sizeof why))
+        return mv_error("--device %s: %s (use --device cpu)", model_runner_device_name(rc->device), why);
+    if (rc->device == RUNNER_DEVICE_CPU) b = &RUNNER_BACKEND_CPU;
+#if MV_HAVE_CUDA
+    else b = &RUNNER_BACKEND_CUDA;
+#endif
+    if (!b) return mv_error("model runner: unknown device %d", (int)rc->device);
+    if (validate_config(rc, cfg)) return -1;
+    model_runner_t *r = calloc(1, sizeof *r);
+    if (!r) return mv_error("model runner: out of host memory");
+    r->cfg = *cfg;
+    r->rc = *rc;
+    r->backend = b;
+    if (b->create(r, weights)) {
+        mv_error_prefix("model runner (%s)", b->name);
+        model_runner_free(r);
+        return -1;
+    }
+    *out = r;
+    return 0;
+}
+
+void model_runner_free(model_runner_t *r) {
+    if (!r) return;
+    if (r->backend) r->backend->destroy(r);
+    free(r);
+}
+
+// The step's checks, shared by model_runner_step and model_runner_step_sample.
+static int validate_step(const model_runner_t *r, const runner_step_t *in) {
+    const runner_config_t *rc = &r->rc;
+    const int T = in->num_tokens, S = in->num_seqs;
+    if (T < 0 || T > rc->max_num_batched_tokens || S < 0 || S > rc->max_num_seqs || S > T ||
+        in->num_sample < 0 || in->num_sample > S)
+        return mv_error("model runner: step of %d tokens, %d rows, %d sampled does not fit max_num_batched_tokens "
+                        "%d, max_num_seqs %d",
+                        T, S, in->num_sample, rc->max_num_batched_tokens, rc->max_num_seqs);
+    if (in->max_blocks_per_seq < 1 || (long long)in->max_blocks_per_seq * rc->block_size < rc->max_model_len)
+        return mv_error("model runner: block tables of width %d cannot hold max_model_len %d", in->max_blocks_per_seq,
+                        rc->max_model_len);
+    if (T == 0) return 0;
+    if (embedding_validate_ids(in->input_ids, T, r->cfg.vocab_size) ||
+        rope_validate_positions(in->positions, T, rc->max_model_len) || cu_seqlens_validate(in->cu_seqlens_q, S, T) ||
+        attention_validate_paged_batch(in->cu_seqlens_q, in->context_lens, in->block_tables, S, rc->block_size,
+                                       rc->num_blocks, in->max_blocks_per_seq))
+        return -1;
+    for (int k = 0; k < in->num_sample; k++)
+        if (in->sample_token_index[k] < 0 || in->sample_token_index[k] >= T ||
+            (k > 0 && in->sample_token_index[k] <= in->sample_token_index[k - 1]))
+            return mv_error("model runner: sample_token_index[%d] = %d is not increasing inside [0, %d)", k,
+                            in->sample_token_index[k], T);
+    return 0;
+}
+
+int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits) {
+    if (validate_step(r, in)) return -1;
+    if (in->num_tokens == 0) return 0;
+    return r->backend->step(r, in, logits);
+}
+
+int model_runner_samples_on_device(const model_runner_t *r) { return r->backend->step_sample != NULL; }
+
+int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                             int32_t *sampled, float *logits) {
+    if (!r->backend->step_sample)
+        return mv_error("model runner (%s): this backend samples on the host (use model_runner_step)",
+                        r->backend->name);
+    if (validate_step(r, in)) return -1;
+    for (int k = 0; k < in->num_sample; k++) {
+        sampling_params_t p = {sp->temperature[k], sp->top_k[k], sp->top_p[k], 1, 0};
+        if (sampler_validate_params(&p)) return mv_error_prefix("model runner: sampled row %d", k);
+        if (sp->gen_index[k] < 0) return mv_error("model runner: sampled row %d: gen_index %lld < 0", k,
+                                                  (long long)sp->gen_index[k]);
+    }
+    if (in->num_tokens == 0) return 0;
+    return r->backend->step_sample(r, in, sp, sampled, logits);
+}

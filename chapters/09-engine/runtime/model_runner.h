@@ -1,0 +1,176 @@
+/*
+ * chapters/09-engine/runtime/model_runner.h - Qwen3's forward pass over one
+ * scheduled step, behind a backend interface.
+ *
+ * Where it sits: between the scheduler (chapter 08), which decides which
+ * tokens run in this step and where their K/V go, and the sampler
+ * (sampler.h), which turns logits into tokens. One call of
+ * model_runner_step() is one forward pass of the whole model:
+ *
+ *   embedding -> L x [ input_layernorm (fused with the residual add from
+ *   layer 1 on) -> qkv_proj -> q_norm/k_norm per head -> RoPE -> store k, v
+ *   into the paged cache -> paged attention -> o_proj ->
+ *   post_attention_layernorm (fused add) -> gate_up_proj -> SiluAndMul ->
+ *   down_proj ] -> final norm (fused add) -> LM head, only for the rows
+ *   that sample.
+ *
+ * Why a backend interface (a struct of function pointers, as zeux/calm
+ * swaps its CPU and GPU `forward`): the engine loop does not know where the
+ * model runs. The CPU backend (runner_cpu.c) calls the reference/ layers;
+ * the CUDA backend (runner_cuda.c) calls kernels/ with the same step struct;
+ * model_runner.c checks every step before either sees it. Three choices:
+ *   - runner_step_t is a plain struct of flat int32 arrays on the host: a
+ *     CUDA backend copies them to fixed device buffers (fixed addresses are
+ *     what CUDA-graph capture of the decode step needs), and tensor-parallel
+ *     ranks other than 0 can receive the same struct (broadcast) and follow
+ *     rank 0's steps without a scheduler of their own.
+ *   - every buffer is sized once, at creation, for the worst step
+ *     (max_num_batched_tokens tokens, max_num_seqs rows): a step allocates
+ *     nothing.
+ *   - logits come back on the host, [num_sample, vocab] fp32, for the host
+ *     sampler; a backend that samples on its device (cuda) also offers
+ *     step_sample, which returns only the sampled ids (4 bytes a row
+ *     instead of 4 * vocab) and the logits only when asked for.
+ *
+ * Library code: 0 / -1 with mv_error(), never exits.
+ * Tested by tests/test_engine_cpu.c against Hugging Face's greedy outputs;
+ * the cuda backend (runner_cuda.c) by build/engine_check on a GPU.
+ */
+#ifndef MV_MODEL_RUNNER_H
+#define MV_MODEL_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chapters/09-engine/model/model_config.h"
+#include "chapters/09-engine/model/safetensors.h"
+#include "reference/rope.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { RUNNER_DEVICE_CPU = 0, RUNNER_DEVICE_CUDA = 1 } runner_device_t;
+
+// Sizes fixed at creation (the engine derives them from its options).
+typedef struct {
+    runner_device_t device;
+    int max_num_batched_tokens;  // most query tokens in one step
+    int max_num_seqs;            // most rows (sequences) in one step
+    int max_model_len;           // longest sequence (prompt + generated); RoPE cache rows
+    int block_size;              // tokens per KV block
+    int num_blocks;              // KV blocks per layer (each holds K and V of block_size tokens);
+                                 // cuda: 0 = as many as gpu_memory_utilization leaves room for
+    int num_threads;             // CPU threads for linear/attention; 0 = one per online CPU
+    float gpu_memory_utilization;  // cuda: the share of the GPU's memory this engine may fill
+                                   // (weights + scratch + KV cache), in (0, 1]; 0 = 0.9
+    int enforce_eager;           // cuda: 1 = launch decode steps kernel by kernel instead of
+                                 // replaying CUDA graphs captured at creation (--enforce-eager)
+} runner_config_t;
+
+// One step's inputs: the scheduler's sched_step_t, minus what only the
+// scheduler needs. Host arrays, valid for the duration of the call.
+typedef struct {
+    int num_tokens;              // T: query tokens of all rows
+    int num_seqs;                // S: rows
+    int num_sample;              // rows whose last token's logits are wanted
+    int max_blocks_per_seq;      // width of block_tables
+    const int32_t *input_ids;           // [T]
+    const int32_t *positions;           // [T] position of each token in its sequence
+    const int32_t *cu_seqlens_q;        // [S + 1] prefix sums of query lengths
+    const int32_t *context_lens;        // [S] cached + new tokens each row attends to
+    const int32_t *slot_mapping;        // [T] cache slot of each token's K/V, -1 = already cached
+    const int32_t *block_tables;        // [S, max_blocks_per_seq] -1 padded
+    const int32_t *sample_token_index;  // [num_sample] increasing token index of each sampled row's last token
+} runner_step_t;
+
+// Sampling parameters of the step's sampled rows, for a backend that samples
+// on its device. Host arrays of [num_sample], in the order of
+// sample_token_index; checked on the host by model_runner_step_sample.
+// A row's random draw depends only on (seed, gen_index): counter-based, so
+// the same request gives the same tokens whatever it was batched with,
+// and a preempted request that is recomputed draws the same numbers again.
+typedef struct {
+    const float *temperature;    // [num_sample] 0 = greedy
+    const int32_t *top_k;        // [num_sample] 0 = off
+    const float *top_p;          // [num_sample] (0, 1], 1 = off
+    const uint64_t *seed;        // [num_sample] the request's seed
+    const int64_t *gen_index;    // [num_sample] tokens the request had generated before this one
+} runner_sampling_t;
+
+typedef struct model_runner model_runner_t;
+
+// What a backend implements. `state` is the backend's own struct.
+typedef struct {
+    const char *name;  // "cpu", "cuda"
+    // Convert and place the weights, allocate the caches and scratch.
+    int (*create)(model_runner_t *r, const st_model_t *weights);
+    // One forward pass; logits [num_sample, vocab] fp32 on the host.
+    int (*step)(model_runner_t *r, const runner_step_t *in, float *logits);
+    void (*destroy)(model_runner_t *r);
+    // Optional (NULL: the engine samples on the host from step's logits).
+    // One forward pass and sampling on the device: sampled [num_sample]
+    // ids on the host; logits [num_sample, vocab] fp32 also copied to the
+    // host when not NULL (the engine's on_logits hook wants them).
+    int (*step_sample)(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                       int32_t *sampled, float *logits);
+} runner_backend_t;
+
+struct model_runner {
+    qwen3_config_t cfg;               // the model's shapes
+    runner_config_t rc;               // the runner's sizes
+    const runner_backend_t *backend;
+    void *state;                      // the backend's buffers and weights
+    size_t weight_bytes, kv_cache_bytes, scratch_bytes;  // what the backend allocated
+    int num_graphs;                   // cuda: decode CUDA graphs captured (0 with enforce_eager)
+    double graph_seconds;             // cuda: time their warm-up and capture took at creation
+    size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
+};
+
+// The CPU backend (runner_cpu.c).
+extern const runner_backend_t RUNNER_BACKEND_CPU;
+#if MV_HAVE_CUDA
+// The CUDA backend (runner_cuda.c), in builds with CUDA only.
+extern const runner_backend_t RUNNER_BACKEND_CUDA;
+#endif
+
+// 1 when `device` can run here; else 0 with the reason in why[cap] (cuda:
+// a build without CUDA, no GPU visible, a driver that does not load).
+int model_runner_device_available(runner_device_t device, char *why, size_t cap);
+// The device a command uses when none is asked for: cuda when a CUDA GPU is
+// visible in a build with CUDA, else cpu.
+runner_device_t model_runner_default_device(void);
+const char *model_runner_device_name(runner_device_t device);
+
+// The fp32 cos/sin cache [max_model_len, head_dim] for cfg's RoPE (theta,
+// llama3 scaling): built on the host by both backends (cuda uploads it).
+int model_runner_build_rope(rope_cache_t *rope, const qwen3_config_t *cfg, int max_model_len);
+
+// Bytes of K and V cache one block takes on `device` over all layers
+// (the CPU backend keeps fp32 caches; the CUDA one keeps bf16).
+size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runner_device_t device);
+
+// Build a runner for the checkpoint `weights` with config `cfg`.
+// -1 with mv_error() on a bad size, an unavailable device or no memory.
+int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, const runner_config_t *rc,
+                        model_runner_t **out);
+void model_runner_free(model_runner_t *r);
+
+// Check the step against the runner's sizes (token ids in the vocabulary,
+// positions, slots, the batch description), then run it.
+// logits: [in->num_sample, cfg.vocab_size] fp32.
+int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits);
+
+// 1 when the backend samples on its device (step_sample), else 0.
+int model_runner_samples_on_device(const model_runner_t *r);
+// The checks of model_runner_step plus the sampling parameters', then one
+// step with sampling on the device. sampled: [num_sample]; a row whose
+// logits have no finite value fails the step naming the row.
+// logits: NULL, or [num_sample, vocab] fp32 to be filled as well.
+int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                             int32_t *sampled, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

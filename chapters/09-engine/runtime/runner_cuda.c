@@ -1,0 +1,790 @@
+/*
+ * chapters/09-engine/runtime/runner_cuda.c - the model runner's CUDA backend
+ * (see model_runner.h): Qwen3 in bf16 on one GPU, built only from the
+ * kernels/ functions (no second copy of any layer's math), with sampling on
+ * the GPU.
+ *
+ *   weights   every tensor converted to bf16 on the host once (st_to_bf16:
+ *             bf16, f16 and f32 checkpoints alike, as the CPU backend does),
+ *             then copied to the GPU: q/k/v merged into one [QKV, H] matrix
+ *             and gate/up into one [2I, H] (one GEMM each), packed on the
+ *             host by qwen3_merged_fill from model/qwen3_layout.h (the CPU
+ *             backend packs with the same function) and copied in one
+ *             cudaMemcpy each; norm weights bf16 too (the kernels take
+ *             bf16). Tied embeddings: one copy.
+ *   KV cache  per layer, bf16 K and V [num_blocks, block_size, nkv, hd],
+ *             sized from what is left of the GPU's memory (cuda_size_cache).
+ *   scratch   every activation buffer sized at creation for the worst step
+ *             (max_num_batched_tokens tokens, max_num_seqs rows): a step
+ *             allocates nothing.
+ *   inputs    the step's host int32 arrays are copied, through one pinned
+ *             staging buffer, into fixed device buffers: the same device
+ *             addresses every step.
+ *   one stream, one cuBLAS handle with a workspace we own.
+ *
+ * One step, the kernels in order (T tokens, S rows, N sampled rows; the
+ * order of a layer's calls is model_runner.h's, as the CPU backend's):
+ *   embedding_cuda                              residual = embed[ids]
+ *   rmsnorm_cuda                                hidden = norm(residual)     (layer 0's input norm)
+ *   per layer:
+ *     fused_add_rmsnorm_cuda (layers > 0)       residual += x; hidden = norm(residual)
+ *     linear_cuda                               qkv = hidden W_qkv^T
+ *     qk_norm_rope_cuda                         q, k heads normed and rotated in place
+ *     store_kvcache_cuda                        k, v of the new tokens -> cache slots
+ *     attention_decode_cuda  (T == S: every row one token)
+ *       or attention_prefill_cuda (any step with prompt tokens; chapter 08
+ *       mixes prefill chunks and decodes in one step, and a decode row is a
+ *       prefill row of one query, so the prefill kernel takes mixed steps)
+ *     linear_cuda                               x = attn W_o^T
+ *     fused_add_rmsnorm_cuda                    residual += x; hidden = norm(residual)
+ *     linear_cuda, silu_and_mul_cuda, linear_cuda   x = down(silu(gate) * up)
+ *   fused_add_rmsnorm_cuda                      final norm
+ *   gather_last_tokens_cuda                     the N sampled rows' hidden states
+ *   linear_cuda                                 logits [N, V] bf16 (LM head)
+ *   bf16_to_f32_cuda                            logits fp32
+ *   sample_tokens_cuda                          N ids (step_sample), or the
+ *                                               fp32 logits to the host (step)
+ *
+ * Decode steps (every row one new token) are CUDA graphs: captured at
+ * creation for batch sizes 1, 2, 4, 8, 16, ... max_num_seqs, a step padded
+ * to the next size and replayed with one launch ("decode steps as CUDA
+ * graphs" below says what that needs). Prefill and mixed steps, whose
+ * shapes vary, are launched kernel by kernel. enforce_eager launches decode
+ * steps kernel by kernel too, padded the same way, so both compute the same
+ * bits.
+ * What tensor-parallel ranks following rank 0 need: runner_step_t and
+ * runner_sampling_t are flat host arrays of known sizes, so rank 0 can
+ * broadcast them and each rank runs this same step on its shard; only rank
+ * 0 samples (or all sample with the same Philox keys and agree).
+ */
+#include "chapters/09-engine/runtime/model_runner.h"
+
+#if MV_HAVE_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chapters/09-engine/model/qwen3_layout.h"
+#include "chapters/09-engine/model/qwen3_weights.h"
+#include "common/check.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/kv_store.h"
+#include "kernels/linear.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sampling.h"
+
+// cuBLAS's recommended workspace on Hopper (32 MiB; 4 MiB is enough before
+// sm_90). Owning it keeps cuBLAS from allocating on its own: its bytes are
+// counted before the KV cache is sized, and its address never changes.
+#define CUBLAS_WORKSPACE_BYTES (32u << 20)
+#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9f
+#define DECODE_MAX_SIZES 64
+
+// H = hidden_size, I = intermediate_size, V = vocab_size, hd = head_dim,
+// nq / nkv = query / KV heads, QKV = (nq + 2*nkv) * hd,
+// Tm = max_num_batched_tokens, Sm = max_num_seqs, W = ceil(max_model_len / block_size).
+
+typedef struct {
+    bf16_t *d_input_norm;             // [H]
+    bf16_t *d_qkv;                    // [QKV, H]  rows: q_proj, k_proj, v_proj (qwen3_layout.h)
+    bf16_t *d_qkv_bias;               // [QKV] or NULL
+    bf16_t *d_q_norm, *d_k_norm;      // [hd] each
+    bf16_t *d_o_proj;                 // [H, nq*hd]
+    bf16_t *d_o_bias;                 // [H] or NULL
+    bf16_t *d_post_norm;              // [H]
+    bf16_t *d_gate_up;                // [2I, H]  rows: gate_proj, then up_proj (qwen3_layout.h)
+    bf16_t *d_down;                   // [H, I]
+    bf16_t *d_k_cache, *d_v_cache;    // [num_blocks, block_size, nkv, hd] each
+} cuda_layer_t;
+
+// The step's inputs on the device, at fixed addresses (one allocation).
+typedef struct {
+    int32_t *input_ids;     // [Tm]
+    int32_t *positions;     // [Tm]
+    int32_t *slot_mapping;  // [Tm]
+    int32_t *cu_seqlens_q;  // [Sm + 1]
+    int32_t *context_lens;  // [Sm]
+    int32_t *block_tables;  // [Sm, W]
+    int32_t *cu_last;       // [Sm + 1] cu_seqlens ending at each sampled token (gather_last_tokens_cuda)
+    float *temperature;     // [Sm]
+    int32_t *top_k;         // [Sm]
+    float *top_p;           // [Sm]
+    uint64_t *seed;         // [Sm]
+    int64_t *gen_index;     // [Sm]
+    int32_t *sampled;       // [Sm] output ids
+} step_buffers_t;
+
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    void *d_cublas_ws;                // [CUBLAS_WORKSPACE_BYTES]
+    qwen3_layout_t layout;            // the merged matrices' shapes and pieces (one GPU: tp_size 1)
+    bf16_t *d_embed;                  // [V, H]
+    bf16_t *d_lm_head;                // [V, H]; == d_embed when tied
+    bf16_t *d_final_norm;             // [H]
+    cuda_layer_t *layers;             // [L] (host array of device pointers)
+    rope_cache_gpu_t rope;            // cos/sin [max_model_len, hd] fp32
+    int max_blocks;                   // W: width of the device block table
+    // scratch, sized for Tm tokens / Sm rows
+    bf16_t *d_residual;               // [Tm, H] the residual stream
+    bf16_t *d_hidden;                 // [Tm, H] normed input of a sublayer
+    bf16_t *d_x;                      // [Tm, H] output of a sublayer (o_proj, down_proj)
+    bf16_t *d_qkv;                    // [Tm, QKV]
+    bf16_t *d_attn;                   // [Tm, nq*hd]
+    bf16_t *d_gate_up;                // [Tm, 2I]
+    bf16_t *d_act;                    // [Tm, I]
+    bf16_t *d_last;                   // [Sm, H] final hidden rows of the sampled rows
+    bf16_t *d_logits_bf16;            // [Sm, V]
+    float *d_logits;                  // [Sm, V] fp32
+    void *d_attn_ws;                  // split decode's partial results
+    size_t attn_ws_bytes;
+    void *d_step_mem;                 // one allocation behind step_buffers_t
+    step_buffers_t d;                 // device views into d_step_mem
+    void *h_stage;                    // pinned host copy of d_step_mem's layout
+    step_buffers_t h;                 // host views into h_stage
+    size_t step_bytes;
+    // Decode steps (every row one token, every row sampled) run padded to
+    // one of these batch sizes, as a CUDA graph captured at creation (or,
+    // with enforce_eager, the same kernels launched one by one).
+    int num_sizes;                    // captured sizes, increasing
+    int sizes[DECODE_MAX_SIZES];
+    cudaGraphExec_t graphs[DECODE_MAX_SIZES];  // NULL with enforce_eager
+} cuda_state_t;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int dev_alloc(void **p, size_t bytes, size_t *total, const char *what) {
+    *p = NULL;
+    if (bytes == 0) return 0;
+    cudaError_t err = cudaMalloc(p, bytes);
+    if (err != cudaSuccess) {
+        *p = NULL;
+        return mv_error("cudaMalloc of %zu bytes for %s: %s (%s)", bytes, what, cudaGetErrorName(err),
+                        cudaGetErrorString(err));
+    }
+    if (total) *total += bytes;
+    return 0;
+}
+
+// n bf16 values from the host to d_dst; `what` names them in the error.
+static int upload_host(bf16_t *d_dst, const bf16_t *h_src, size_t n, const char *what) {
+    cudaError_t err = cudaMemcpy(d_dst, h_src, n * sizeof(bf16_t), cudaMemcpyHostToDevice);
+    if (err != cudaSuccess)
+        return mv_error("cudaMemcpy of %s (%zu bytes) to the GPU: %s", what, n * sizeof(bf16_t),
+                        cudaGetErrorName(err));
+    return 0;
+}
+
+// A weight tensor as bf16 on the device, at d_dst (room for st_numel(t)).
+// h_tmp: host scratch with room for the largest tensor.
+static int upload_bf16(const st_tensor_t *t, bf16_t *d_dst, bf16_t *h_tmp) {
+    st_to_bf16(t, h_tmp);
+    return upload_host(d_dst, h_tmp, (size_t)st_numel(t), t->name);
+}
+
+// Allocate and upload one tensor.
+static int place(const st_tensor_t *t, bf16_t **d, bf16_t *h_tmp, size_t *wbytes) {
+    if (dev_alloc((void **)d, (size_t)st_numel(t) * sizeof(bf16_t), wbytes, t->name)) return -1;
+    return upload_bf16(t, *d, h_tmp);
+}
+
+// The host staging buffer's size: the largest tensor or merged matrix placed.
+static size_t max_numel(const qwen3_weights_t *w, const qwen3_layout_t *lo) {
+    const size_t qkv = (size_t)lo->qkv.rows * lo->qkv.cols, gate_up = (size_t)lo->gate_up.rows * lo->gate_up.cols;
+    size_t m = qkv > gate_up ? qkv : gate_up;
+    if ((size_t)st_numel(w->embed_tokens) > m) m = (size_t)st_numel(w->embed_tokens);
+    if ((size_t)st_numel(w->lm_head) > m) m = (size_t)st_numel(w->lm_head);
+    for (int l = 0; l < w->n_layers; l++) {
+        const qwen3_layer_weights_t *lw = &w->layers[l];
+        if ((size_t)st_numel(lw->o_proj) > m) m = (size_t)st_numel(lw->o_proj);
+        if ((size_t)st_numel(lw->down_proj) > m) m = (size_t)st_numel(lw->down_proj);
+    }
+    return m;
+}
+
+// Allocate and upload one merged matrix of a layer (bias: its merged bias
+// [rows] instead), packed in h_tmp by qwen3_layout.h's fill.
+static int place_merged(const qwen3_merged_t *mg, const qwen3_layer_weights_t *lw, int bias, bf16_t **d,
+                        bf16_t *h_tmp, size_t *wb) {
+    const size_t n = bias ? (size_t)mg->rows : (size_t)mg->rows * mg->cols;
+    const char *what = bias ? "qkv bias" : mg->name;
+    if (dev_alloc((void **)d, n * sizeof(bf16_t), wb, what) ||
+        (bias ? qwen3_merged_fill_bias(mg, lw, h_tmp) : qwen3_merged_fill(mg, lw, h_tmp)))
+        return -1;
+    return upload_host(*d, h_tmp, n, what);
+}
+
+static int place_layer(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const qwen3_layout_t *lo, bf16_t *h_tmp,
+                       size_t *wb) {
+    if (place(lw->input_layernorm, &cl->d_input_norm, h_tmp, wb) ||
+        place(lw->post_attention_layernorm, &cl->d_post_norm, h_tmp, wb) ||
+        place(lw->q_norm, &cl->d_q_norm, h_tmp, wb) || place(lw->k_norm, &cl->d_k_norm, h_tmp, wb) ||
+        place(lw->o_proj, &cl->d_o_proj, h_tmp, wb) || place(lw->down_proj, &cl->d_down, h_tmp, wb) ||
+        place_merged(&lo->qkv, lw, 0, &cl->d_qkv, h_tmp, wb) ||
+        place_merged(&lo->gate_up, lw, 0, &cl->d_gate_up, h_tmp, wb))
+        return -1;
+    if (lo->qkv.has_bias &&
+        (place_merged(&lo->qkv, lw, 1, &cl->d_qkv_bias, h_tmp, wb) || place(lw->o_bias, &cl->d_o_bias, h_tmp, wb)))
+        return -1;
+    return 0;
+}
+
+static void cuda_destroy(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    if (!s) return;
+    // Free what exists; errors are ignored here (a failed create may leave
+    // a sticky error, and there is nothing left to do with one).
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    for (int k = 0; k < s->num_sizes; k++)
+        if (s->graphs[k]) cudaGraphExecDestroy(s->graphs[k]);
+    for (int l = 0; s->layers && l < r->cfg.num_hidden_layers; l++) {
+        cuda_layer_t *cl = &s->layers[l];
+        void *ps[] = {cl->d_input_norm, cl->d_qkv,    cl->d_qkv_bias, cl->d_q_norm, cl->d_k_norm,   cl->d_o_proj,
+                      cl->d_o_bias,     cl->d_post_norm, cl->d_gate_up, cl->d_down,  cl->d_k_cache, cl->d_v_cache};
+        for (size_t k = 0; k < sizeof ps / sizeof *ps; k++) cudaFree(ps[k]);
+    }
+    free(s->layers);
+    if (s->d_lm_head != s->d_embed) cudaFree(s->d_lm_head);
+    cudaFree(s->d_embed);
+    cudaFree(s->d_final_norm);
+    rope_cache_gpu_free(&s->rope);
+    void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
+                       s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
+                       s->d_cublas_ws};
+    for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
+    if (s->h_stage) cudaFreeHost(s->h_stage);
+    if (s->cublas) cublasDestroy(s->cublas);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    free(s);
+    r->state = NULL;
+}
+
+// Lay step_buffers_t out over `base` (device or pinned host memory of the
+// same layout). Returns the bytes the layout takes. Every array starts on
+// an 8-byte boundary (the 64-bit seed and gen_index arrays need it).
+static size_t layout_step(step_buffers_t *b, char *base, int Tm, int Sm, int W) {
+    size_t off = 0;
+#define TAKE(field, type, count)                                            \
+    do {                                                                    \
+        b->field = base ? (type *)(void *)(base + off) : NULL;              \
+        off += ((size_t)(count) * sizeof(type) + 7) / 8 * 8;                \
+    } while (0)
+    TAKE(input_ids, int32_t, Tm);
+    TAKE(positions, int32_t, Tm);
+    TAKE(slot_mapping, int32_t, Tm);
+    TAKE(cu_seqlens_q, int32_t, Sm + 1);
+    TAKE(context_lens, int32_t, Sm);
+    TAKE(block_tables, int32_t, (size_t)Sm * W);
+    TAKE(cu_last, int32_t, Sm + 1);
+    TAKE(temperature, float, Sm);
+    TAKE(top_k, int32_t, Sm);
+    TAKE(top_p, float, Sm);
+    TAKE(seed, uint64_t, Sm);
+    TAKE(gen_index, int64_t, Sm);
+    TAKE(sampled, int32_t, Sm);
+#undef TAKE
+    return off;
+}
+
+// The KV cache from what is left of the GPU, vLLM's rule: this engine may
+// fill gpu_memory_utilization of the card's *total* memory; what is in use
+// now (our weights and scratch, the CUDA context, cuBLAS, and whatever other
+// processes hold) comes off that, and the rest is KV blocks:
+//     num_blocks = (util * total - (total - free)) / block_bytes
+// Measured after everything else is allocated, so the cache gets exactly
+// the remainder. (vLLM also runs a dummy forward pass first to measure the
+// peak of its activations; ours are all preallocated, so there is nothing
+// to measure.)
+static int cuda_size_cache(model_runner_t *r, size_t block_bytes) {
+    const runner_config_t *rc = &r->rc;
+    const int per_seq = (rc->max_model_len + rc->block_size - 1) / rc->block_size;
+    size_t free_b = 0, total_b = 0;
+    if (CUDA_TRY(cudaMemGetInfo(&free_b, &total_b))) return -1;
+    if (rc->num_blocks > 0) return 0;  // given (--num-blocks or --kv-cache-gib): cudaMalloc will say if it fits
+    const double util = rc->gpu_memory_utilization > 0 ? rc->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
+    const double used = (double)(total_b - free_b), budget = util * (double)total_b - used;
+    double nb = budget > 0 ? floor(budget / (double)block_bytes) : 0;
+    if (nb > INT_MAX / 2) nb = INT_MAX / 2;
+    if (nb < per_seq)
+        return mv_error("the KV cache gets %.0f bytes (gpu_memory_utilization %.2f x %zu bytes of GPU memory, minus "
+                        "%.0f in use: weights %zu, scratch %zu, the CUDA context and other processes): %.0f blocks "
+                        "of %d tokens (%zu bytes each), fewer than one sequence of max_model_len %d needs (%d): "
+                        "raise --gpu-memory-utilization, lower --max-model-len or --max-num-batched-tokens, or free "
+                        "the GPU",
+                        budget > 0 ? budget : 0, util, total_b, used, r->weight_bytes, r->scratch_bytes, nb,
+                        rc->block_size, block_bytes, rc->max_model_len, per_seq);
+    r->rc.num_blocks = (int)nb;
+    return 0;
+}
+
+// Decode CUDA graphs (defined with the decode step, below).
+static int decode_sizes(int Sm, int *sizes);
+static int capture_decode_graphs(model_runner_t *r);
+
+static int cuda_create(model_runner_t *r, const st_model_t *m) {
+    const qwen3_config_t *c = &r->cfg;
+    const runner_config_t *rc = &r->rc;
+    // The attention kernels' shapes (kernels/attention.h): refused here, once,
+    // rather than at the first step.
+    if (c->head_dim != 64 && c->head_dim != 128)
+        return mv_error("head_dim %d: the CUDA attention kernels support 64 and 128 (use --device cpu)", c->head_dim);
+    if (rc->block_size < 16 || rc->block_size > 256 || (rc->block_size & (rc->block_size - 1)))
+        return mv_error("block_size %d: the CUDA attention kernels take a power of two in [16, 256]",
+                        rc->block_size);
+    cuda_state_t *s = calloc(1, sizeof *s);
+    if (!s) return mv_error("out of host memory");
+    r->state = s;
+    if (CUDA_TRY(cudaSetDevice(0)) || CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
+        return -1;
+    cublasStatus_t st = cublasCreate(&s->cublas);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        s->cublas = NULL;
+        return mv_error("cublasCreate: %s", cublasGetStatusName(st));
+    }
+    size_t *sb = &r->scratch_bytes, *wb = &r->weight_bytes;
+    if (dev_alloc(&s->d_cublas_ws, CUBLAS_WORKSPACE_BYTES, sb, "the cuBLAS workspace")) return -1;
+    // The stream first: cublasSetStream puts the handle back on cuBLAS's own
+    // workspace pool, so the workspace is set after it (and linear_cuda
+    // leaves the stream alone when it is already this one).
+    st = cublasSetStream(s->cublas, s->stream);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(s->cublas, s->d_cublas_ws, CUBLAS_WORKSPACE_BYTES);
+    if (st != CUBLAS_STATUS_SUCCESS) return mv_error("cublasSetStream/cublasSetWorkspace: %s", cublasGetStatusName(st));
+
+    // Weights.
+    qwen3_weights_t w;
+    if (qwen3_layout_init(&s->layout, c, 1, 0) || qwen3_weights_bind(c, m, &w)) return -1;
+    const int L = c->num_hidden_layers;
+    bf16_t *h_tmp = malloc(max_numel(&w, &s->layout) * sizeof(bf16_t));
+    s->layers = calloc((size_t)L, sizeof *s->layers);
+    int rcode = h_tmp && s->layers ? 0 : mv_error("out of host memory converting the weights");
+    if (!rcode) rcode = place(w.embed_tokens, &s->d_embed, h_tmp, wb) || place(w.norm, &s->d_final_norm, h_tmp, wb);
+    if (!rcode) {
+        if (w.lm_head == w.embed_tokens) s->d_lm_head = s->d_embed;
+        else rcode = place(w.lm_head, &s->d_lm_head, h_tmp, wb);
+    }
+    for (int l = 0; !rcode && l < L; l++)
+        if (place_layer(&s->layers[l], &w.layers[l], &s->layout, h_tmp, wb)) rcode = mv_error_prefix("layer %d", l);
+    free(h_tmp);
+    qwen3_weights_free(&w);
+    if (rcode) return -1;
+
+    rope_cache_t host_rope;
+    if (model_runner_build_rope(&host_rope, c, rc->max_model_len)) return -1;
+    rcode = rope_cache_upload(&s->rope, &host_rope);
+    if (!rcode) *sb += sizeof(float) * (size_t)host_rope.max_position * (size_t)host_rope.head_dim;
+    rope_cache_free(&host_rope);
+    if (rcode) return -1;
+
+    // Scratch for the worst step.
+    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size, I = (size_t)c->intermediate_size;
+    const int nq = c->num_attention_heads, hd = c->head_dim;
+    const size_t qn = (size_t)nq * hd, qkv = (size_t)s->layout.qkv.rows, gate_up = (size_t)s->layout.gate_up.rows;
+    const size_t Tm = (size_t)rc->max_num_batched_tokens, Sm = (size_t)rc->max_num_seqs, e = sizeof(bf16_t);
+    s->max_blocks = (rc->max_model_len + rc->block_size - 1) / rc->block_size;
+    s->attn_ws_bytes = attention_decode_workspace_bytes((int)Sm, nq, hd, ATTN_DECODE_MAX_SPLITS);
+    if (dev_alloc((void **)&s->d_residual, Tm * H * e, sb, "the residual stream") ||
+        dev_alloc((void **)&s->d_hidden, Tm * H * e, sb, "the normed hidden states") ||
+        dev_alloc((void **)&s->d_x, Tm * H * e, sb, "the sublayer outputs") ||
+        dev_alloc((void **)&s->d_qkv, Tm * qkv * e, sb, "the QKV projection") ||
+        dev_alloc((void **)&s->d_attn, Tm * qn * e, sb, "the attention output") ||
+        dev_alloc((void **)&s->d_gate_up, Tm * gate_up * e, sb, "the gate_up projection") ||
+        dev_alloc((void **)&s->d_act, Tm * I * e, sb, "the MLP activations") ||
+        dev_alloc((void **)&s->d_last, Sm * H * e, sb, "the sampled rows' hidden states") ||
+        dev_alloc((void **)&s->d_logits_bf16, Sm * V * e, sb, "the bf16 logits") ||
+        dev_alloc((void **)&s->d_logits, Sm * V * sizeof(float), sb, "the fp32 logits") ||
+        dev_alloc(&s->d_attn_ws, s->attn_ws_bytes, sb, "the split-decode workspace"))
+        return -1;
+    s->step_bytes = layout_step(&s->d, NULL, (int)Tm, (int)Sm, s->max_blocks);
+    if (dev_alloc(&s->d_step_mem, s->step_bytes, sb, "the step's inputs")) return -1;
+    if (CUDA_TRY(cudaMallocHost(&s->h_stage, s->step_bytes))) {
+        s->h_stage = NULL;
+        return -1;
+    }
+    layout_step(&s->d, s->d_step_mem, (int)Tm, (int)Sm, s->max_blocks);
+    layout_step(&s->h, s->h_stage, (int)Tm, (int)Sm, s->max_blocks);
+
+    // The KV cache last: it gets what is left.
+    const size_t block_bytes = model_runner_block_bytes(c, rc->block_size, RUNNER_DEVICE_CUDA);
+    if (cuda_size_cache(r, block_bytes)) return -1;
+    const size_t cache = (size_t)r->rc.num_blocks * (size_t)rc->block_size * (size_t)c->num_key_value_heads * hd * e;
+    for (int l = 0; l < L; l++) {
+        cuda_layer_t *cl = &s->layers[l];
+        if (dev_alloc((void **)&cl->d_k_cache, cache, &r->kv_cache_bytes, "the K cache") ||
+            dev_alloc((void **)&cl->d_v_cache, cache, &r->kv_cache_bytes, "the V cache")) {
+            return mv_error_prefix("layer %d (%d blocks: lower --num-blocks or --gpu-memory-utilization)", l,
+                                   r->rc.num_blocks);
+        }
+        // Zeros, not whatever was there: a decode step's padding rows read
+        // one key of block 0, and must find finite values.
+        if (CUDA_TRY(cudaMemsetAsync(cl->d_k_cache, 0, cache, s->stream)) ||
+            CUDA_TRY(cudaMemsetAsync(cl->d_v_cache, 0, cache, s->stream)))
+            return -1;
+    }
+    s->num_sizes = decode_sizes(rc->max_num_seqs, s->sizes);
+    if (!rc->enforce_eager && capture_decode_graphs(r)) return -1;
+    return CUDA_TRY(cudaDeviceSynchronize());
+}
+
+// Copy n int32/float/... values of a step array into its fixed device
+// buffer, through the pinned staging buffer (an asynchronous copy from
+// pinned memory: the host does not wait for it).
+static int stage(const cuda_state_t *s, void *d_dst, void *h_dst, const void *src, size_t bytes, const char *what) {
+    if (bytes == 0) return 0;
+    memcpy(h_dst, src, bytes);
+    cudaError_t err = cudaMemcpyAsync(d_dst, h_dst, bytes, cudaMemcpyHostToDevice, s->stream);
+    if (err != cudaSuccess)
+        return mv_error("cudaMemcpyAsync of the step's %s (%zu bytes): %s", what, bytes, cudaGetErrorName(err));
+    return 0;
+}
+
+static int upload_step(const model_runner_t *r, cuda_state_t *s, const runner_step_t *in) {
+    const int T = in->num_tokens, S = in->num_seqs, N = in->num_sample, W = in->max_blocks_per_seq;
+    if (W > s->max_blocks)
+        return mv_error("the step's block tables are %d wide; the device's hold %d (max_model_len %d / block_size %d)",
+                        W, s->max_blocks, r->rc.max_model_len, r->rc.block_size);
+    // The device block table is [S, s->max_blocks]: rows are repacked to
+    // that fixed width (the scheduler's is ceil(max_model_len / block_size),
+    // the same, so this is one memcpy per row at most).
+    for (int q = 0; q < S; q++) {
+        int32_t *row = s->h.block_tables + (size_t)q * s->max_blocks;
+        memcpy(row, in->block_tables + (size_t)q * W, (size_t)W * sizeof(int32_t));
+        for (int j = W; j < s->max_blocks; j++) row[j] = -1;
+    }
+    s->h.cu_last[0] = 0;
+    for (int k = 0; k < N; k++) s->h.cu_last[k + 1] = in->sample_token_index[k] + 1;
+    const size_t i4 = sizeof(int32_t);
+    if (stage(s, s->d.input_ids, s->h.input_ids, in->input_ids, (size_t)T * i4, "input_ids") ||
+        stage(s, s->d.positions, s->h.positions, in->positions, (size_t)T * i4, "positions") ||
+        stage(s, s->d.slot_mapping, s->h.slot_mapping, in->slot_mapping, (size_t)T * i4, "slot_mapping") ||
+        stage(s, s->d.cu_seqlens_q, s->h.cu_seqlens_q, in->cu_seqlens_q, (size_t)(S + 1) * i4, "cu_seqlens_q") ||
+        stage(s, s->d.context_lens, s->h.context_lens, in->context_lens, (size_t)S * i4, "context_lens"))
+        return -1;
+    // These two were written into the staging buffer in place above.
+    cudaError_t err = cudaMemcpyAsync(s->d.block_tables, s->h.block_tables, (size_t)S * s->max_blocks * i4,
+                                      cudaMemcpyHostToDevice, s->stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(s->d.cu_last, s->h.cu_last, (size_t)(N + 1) * i4, cudaMemcpyHostToDevice, s->stream);
+    if (err != cudaSuccess)
+        return mv_error("cudaMemcpyAsync of the step's block tables / sampled rows: %s", cudaGetErrorName(err));
+    return 0;
+}
+
+static int upload_sampling(cuda_state_t *s, const runner_sampling_t *sp, int N) {
+    return stage(s, s->d.temperature, s->h.temperature, sp->temperature, (size_t)N * sizeof(float), "temperature") ||
+           stage(s, s->d.top_k, s->h.top_k, sp->top_k, (size_t)N * sizeof(int32_t), "top_k") ||
+           stage(s, s->d.top_p, s->h.top_p, sp->top_p, (size_t)N * sizeof(float), "top_p") ||
+           stage(s, s->d.seed, s->h.seed, sp->seed, (size_t)N * sizeof(uint64_t), "seed") ||
+           stage(s, s->d.gen_index, s->h.gen_index, sp->gen_index, (size_t)N * sizeof(int64_t), "gen_index");
+}
+
+// One decoder layer over the step's T tokens (see the list at the top).
+static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const runner_step_t *in,
+                      int max_seqlen_q, int max_context_len) {
+    const qwen3_config_t *c = &r->cfg;
+    const runner_config_t *rc = &r->rc;
+    const qwen3_merged_t *qkv = &s->layout.qkv;
+    const int T = in->num_tokens, S = in->num_seqs, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
+    const int nq = c->num_attention_heads, nkv = c->num_key_value_heads;
+    const int qn = nq * hd, qkv_n = qkv->rows, nb = rc->num_blocks, bs = rc->block_size;
+    // A qkv output row's k and v columns are the merged weight's k and v rows.
+    const int k_col = qkv->piece[QWEN3_PART_K].dst_row, v_col = qkv->piece[QWEN3_PART_V].dst_row;
+    const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
+    cudaStream_t st = s->stream;
+    const step_buffers_t *d = &s->d;
+
+    if (linear_cuda(s->cublas, s->d_qkv, s->d_hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st) ||
+        qk_norm_rope_cuda(ROPE_FAST, s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, T, nq, nkv, hd,
+                          eps, st) ||
+        store_kvcache_cuda(KV_STORE_FAST, s->d_qkv + k_col, qkv_n, s->d_qkv + v_col, qkv_n, cl->d_k_cache,
+                           cl->d_v_cache, d->slot_mapping, T, nkv, hd, bs, nb, st))
+        return -1;
+    int rca;
+    if (T == S)  // all decode: one query token per row
+        rca = attention_decode_cuda(ATTN_DECODE_FAST, 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
+                                    d->context_lens, d->block_tables, S, max_context_len, nq, nkv, hd, bs, nb,
+                                    s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
+    else
+        rca = attention_prefill_cuda(ATTN_PREFILL_FAST, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
+                                     d->cu_seqlens_q, d->context_lens, d->block_tables, S, max_seqlen_q, nq, nkv, hd,
+                                     bs, nb, s->max_blocks, scale, st);
+    if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, cl->d_o_bias, T, H, qn, st)) return -1;
+
+    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, cl->d_post_norm, T, H, eps, st) ||
+        linear_cuda(s->cublas, s->d_gate_up, s->d_hidden, cl->d_gate_up, NULL, T, s->layout.gate_up.rows, H, st) ||
+        silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
+        linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st))
+        return -1;
+    return 0;
+}
+
+// Inputs up, the whole forward pass enqueued, fp32 logits of the sampled
+// rows left in s->d_logits. Nothing waits for the GPU here.
+// The whole forward pass of a step of T tokens, S rows and N sampled rows,
+// enqueued from the fixed device buffers alone: no host value of the step
+// but these sizes and the attention bounds enters a launch, so the same call
+// can be captured into a CUDA graph. fp32 logits of the sampled rows are left
+// in s->d_logits. Nothing waits for the GPU here.
+static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqlen_q, int max_context_len) {
+    cuda_state_t *s = r->state;
+    const qwen3_config_t *c = &r->cfg;
+    const int H = c->hidden_size, V = c->vocab_size;
+    const float eps = (float)c->rms_norm_eps;
+    const runner_step_t in_sizes = {.num_tokens = T, .num_seqs = S, .num_sample = N};
+    const runner_step_t *in = &in_sizes;
+    if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream) ||
+        rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->layers[0].d_input_norm, T, H, eps, s->stream))
+        return -1;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x,
+                                             s->layers[l].d_input_norm, T, H, eps, s->stream)) ||
+            cuda_layer(r, s, &s->layers[l], in, max_seqlen_q, max_context_len))
+            return mv_error_prefix("layer %d", l);
+    }
+    if (N == 0) return 0;
+    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, s->d_final_norm, T, H, eps,
+                               s->stream) ||
+        gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream) ||
+        linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
+        bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
+        return -1;
+    return 0;
+}
+
+// Inputs up, then the forward pass (any step: prefill, decode, mixed).
+static int cuda_forward(model_runner_t *r, const runner_step_t *in) {
+    cuda_state_t *s = r->state;
+    const int S = in->num_seqs;
+    // Host-side upper bounds the attention launchers size their grids by.
+    int max_seqlen_q = 0, max_context_len = 0;
+    for (int q = 0; q < S; q++) {
+        int n = in->cu_seqlens_q[q + 1] - in->cu_seqlens_q[q];
+        if (n > max_seqlen_q) max_seqlen_q = n;
+        if (in->context_lens[q] > max_context_len) max_context_len = in->context_lens[q];
+    }
+    if (upload_step(r, s, in)) return -1;
+    return enqueue_forward(r, in->num_tokens, S, in->num_sample, max_seqlen_q, max_context_len);
+}
+
+static int enqueue_sample(model_runner_t *r, int N) {
+    cuda_state_t *s = r->state;
+    const int V = r->cfg.vocab_size;
+    return sample_tokens_cuda(SAMPLING_FAST, s->d.sampled, s->d_logits, V, N, V, s->d.temperature, s->d.top_k,
+                              s->d.top_p, s->d.seed, s->d.gen_index, s->stream);
+}
+
+// ---- decode steps as CUDA graphs ---------------------------------------------------------
+// A decode step (every row one new token, every row sampled) is the same
+// launches every time, up to the batch size S: so it is captured once per
+// size into a CUDA graph and replayed, one launch for the ~300 kernels of
+// the step instead of ~300 launches from the host (vLLM does the same).
+// What makes that possible:
+//   - fixed addresses: every buffer is allocated once, at creation; a step's
+//     inputs are copied into fixed device buffers before the replay.
+//   - fixed launch shapes: a step of S rows runs padded to the smallest
+//     captured size Sg >= S (1, 2, 4, then steps of 8 up to max_num_seqs).
+//     Padding rows compute a harmless token: id 0 at position 0, no K/V
+//     stored (slot -1), attending to one key of block 0, sampled greedily;
+//     rows never mix, so they cannot disturb the real rows, and their
+//     results are dropped. Decode attention is launched with max_model_len
+//     as its bound on the context length, so no step's lengths enter it.
+//   - nothing allocates, synchronises or reads device memory on the host
+//     while the step is enqueued (cuBLAS works in our workspace).
+// With enforce_eager the same padded step is launched kernel by kernel, so
+// eager and graph steps compute exactly the same bits (build/engine_check
+// compares them).
+
+// The captured sizes for max_num_seqs Sm: 1, 2, 4, 8, 16, 24, ... (steps of
+// 8), the last one Sm itself.
+static int decode_sizes(int Sm, int *sizes) {
+    int n = 0;
+    for (int b = 1; b < 8 && b < Sm; b *= 2) sizes[n++] = b;
+    for (int b = 8; b < Sm && n < DECODE_MAX_SIZES - 1; b += 8) sizes[n++] = b;
+    sizes[n++] = Sm;
+    return n;
+}
+
+// The captured size a decode step of S rows runs at; -1 when there is none
+// (S > the largest, which cannot happen: the largest is max_num_seqs).
+static int decode_size_index(const cuda_state_t *s, int S) {
+    for (int k = 0; k < s->num_sizes; k++)
+        if (s->sizes[k] >= S) return k;
+    return -1;
+}
+
+static int is_decode_step(const runner_step_t *in) {
+    return in->num_tokens > 0 && in->num_tokens == in->num_seqs && in->num_sample == in->num_seqs;
+}
+
+// The padded decode step's inputs into the fixed device buffers: rows
+// [0, S) from the step (and sampling parameters, or greedy when sp is NULL),
+// rows [S, Sg) padding (see above).
+static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_step_t *in,
+                         const runner_sampling_t *sp, int Sg) {
+    const int S = in->num_seqs, W = in->max_blocks_per_seq, Wd = s->max_blocks;
+    if (W > Wd)
+        return mv_error("the step's block tables are %d wide; the device's hold %d (max_model_len %d / block_size %d)",
+                        W, Wd, r->rc.max_model_len, r->rc.block_size);
+    step_buffers_t *h = &s->h;
+    for (int q = 0; q < Sg; q++) {
+        const int real = q < S;
+        h->input_ids[q] = real ? in->input_ids[q] : 0;
+        h->positions[q] = real ? in->positions[q] : 0;
+        h->slot_mapping[q] = real ? in->slot_mapping[q] : -1;
+        h->context_lens[q] = real ? in->context_lens[q] : 1;
+        h->cu_seqlens_q[q] = q;
+        h->cu_last[q] = q;
+        int32_t *row = h->block_tables + (size_t)q * Wd;
+        if (real) memcpy(row, in->block_tables + (size_t)q * W, (size_t)W * sizeof(int32_t));
+        else row[0] = 0;
+        for (int j = real ? W : 1; j < Wd; j++) row[j] = -1;
+        h->temperature[q] = real && sp ? sp->temperature[q] : 0.0f;
+        h->top_k[q] = real && sp ? sp->top_k[q] : 0;
+        h->top_p[q] = real && sp ? sp->top_p[q] : 1.0f;
+        h->seed[q] = real && sp ? sp->seed[q] : 0;
+        h->gen_index[q] = real && sp ? sp->gen_index[q] : 0;
+    }
+    h->cu_seqlens_q[Sg] = Sg;
+    h->cu_last[Sg] = Sg;
+    // One copy of each array's first Sg (+1) entries.
+    const struct {
+        void *d, *h;
+        size_t bytes;
+    } parts[] = {
+        {s->d.input_ids, h->input_ids, (size_t)Sg * sizeof(int32_t)},
+        {s->d.positions, h->positions, (size_t)Sg * sizeof(int32_t)},
+        {s->d.slot_mapping, h->slot_mapping, (size_t)Sg * sizeof(int32_t)},
+        {s->d.context_lens, h->context_lens, (size_t)Sg * sizeof(int32_t)},
+        {s->d.cu_seqlens_q, h->cu_seqlens_q, (size_t)(Sg + 1) * sizeof(int32_t)},
+        {s->d.cu_last, h->cu_last, (size_t)(Sg + 1) * sizeof(int32_t)},
+        {s->d.block_tables, h->block_tables, (size_t)Sg * Wd * sizeof(int32_t)},
+        {s->d.temperature, h->temperature, (size_t)Sg * sizeof(float)},
+        {s->d.top_k, h->top_k, (size_t)Sg * sizeof(int32_t)},
+        {s->d.top_p, h->top_p, (size_t)Sg * sizeof(float)},
+        {s->d.seed, h->seed, (size_t)Sg * sizeof(uint64_t)},
+        {s->d.gen_index, h->gen_index, (size_t)Sg * sizeof(int64_t)},
+    };
+    for (size_t k = 0; k < sizeof parts / sizeof *parts; k++)
+        if (CUDA_TRY(cudaMemcpyAsync(parts[k].d, parts[k].h, parts[k].bytes, cudaMemcpyHostToDevice, s->stream)))
+            return mv_error_prefix("uploading a decode step of %d rows", Sg);
+    return 0;
+}
+
+// The decode step of Sg rows, from the device buffers: the forward pass and
+// the sampler. What a graph holds.
+static int enqueue_decode(model_runner_t *r, int Sg) {
+    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || enqueue_sample(r, Sg);
+}
+
+// Run the decode step: inputs up, then the graph (or the same launches).
+static int run_decode(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp) {
+    cuda_state_t *s = r->state;
+    const int k = decode_size_index(s, in->num_seqs);
+    if (k < 0) return mv_error("a decode step of %d rows exceeds max_num_seqs %d", in->num_seqs, r->rc.max_num_seqs);
+    if (upload_decode(r, s, in, sp, s->sizes[k])) return -1;
+    if (s->graphs[k]) return CUDA_TRY(cudaGraphLaunch(s->graphs[k], s->stream));
+    return enqueue_decode(r, s->sizes[k]);
+}
+
+// Capture one graph per decode size (at creation, after the KV cache is
+// allocated). Each size first runs once outside capture, so cuBLAS picks its
+// kernels and every module is loaded before capture begins.
+static int capture_decode_graphs(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    size_t free0 = 0, free1 = 0, total = 0;
+    if (CUDA_TRY(cudaDeviceSynchronize()) || CUDA_TRY(cudaMemGetInfo(&free0, &total))) return -1;
+    const double t0 = now_seconds();
+    runner_step_t pad = {.num_tokens = 0, .num_seqs = 0, .num_sample = 0, .max_blocks_per_seq = s->max_blocks};
+    for (int k = 0; k < s->num_sizes; k++) {
+        const int Sg = s->sizes[k];
+        if (upload_decode(r, s, &pad, NULL, Sg) || enqueue_decode(r, Sg) || CUDA_TRY(cudaStreamSynchronize(s->stream)))
+            return mv_error_prefix("decode warm-up at batch size %d", Sg);
+        cudaGraph_t g = NULL;
+        if (CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal)))
+            return mv_error_prefix("CUDA graph capture at batch size %d", Sg);
+        const int rc_enqueue = enqueue_decode(r, Sg);
+        const cudaError_t end = cudaStreamEndCapture(s->stream, &g);
+        if (rc_enqueue || end != cudaSuccess) {
+            if (g) cudaGraphDestroy(g);
+            if (rc_enqueue) return mv_error_prefix("CUDA graph capture at batch size %d", Sg);
+            return mv_error("CUDA graph capture at batch size %d: cudaStreamEndCapture: %s", Sg, cudaGetErrorName(end));
+        }
+        const cudaError_t inst = cudaGraphInstantiate(&s->graphs[k], g, 0);
+        cudaGraphDestroy(g);
+        if (inst != cudaSuccess) {
+            s->graphs[k] = NULL;
+            return mv_error("CUDA graph of batch size %d: cudaGraphInstantiate: %s", Sg, cudaGetErrorName(inst));
+        }
+        if (CUDA_TRY(cudaGraphUpload(s->graphs[k], s->stream))) return -1;
+    }
+    if (CUDA_TRY(cudaStreamSynchronize(s->stream)) || CUDA_TRY(cudaMemGetInfo(&free1, &total))) return -1;
+    r->graph_seconds = now_seconds() - t0;
+    r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
+    r->num_graphs = s->num_sizes;
+    return 0;
+}
+
+// Wait for the stream; an error of any kernel enqueued in this step shows
+// up here (kernels run asynchronously), so say so.
+static int finish_step(cuda_state_t *s) {
+    cudaError_t err = cudaStreamSynchronize(s->stream);
+    if (err != cudaSuccess)
+        return mv_error("the step failed on the GPU: %s (%s); a kernel of this step faulted (rerun under "
+                        "compute-sanitizer, or with CUDA_LAUNCH_BLOCKING=1, to see which)",
+                        cudaGetErrorName(err), cudaGetErrorString(err));
+    return 0;
+}
+
+static int download_logits(const model_runner_t *r, cuda_state_t *s, int N, float *logits) {
+    size_t bytes = (size_t)N * (size_t)r->cfg.vocab_size * sizeof(float);
+    if (N == 0 || !logits) return 0;
+    cudaError_t err = cudaMemcpyAsync(logits, s->d_logits, bytes, cudaMemcpyDeviceToHost, s->stream);
+    if (err != cudaSuccess) return mv_error("cudaMemcpyAsync of the logits (%zu bytes): %s", bytes, cudaGetErrorName(err));
+    return 0;
+}
+
+static int cuda_step(model_runner_t *r, const runner_step_t *in, float *logits) {
+    cuda_state_t *s = r->state;
+    if ((is_decode_step(in) ? run_decode(r, in, NULL) : cuda_forward(r, in)) ||
+        download_logits(r, s, in->num_sample, logits))
+        return -1;
+    return finish_step(s);
+}
+
+static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                            int32_t *sampled, float *logits) {
+    cuda_state_t *s = r->state;
+    const int N = in->num_sample, V = r->cfg.vocab_size;
+    const int decode = is_decode_step(in);
+    if (decode ? run_decode(r, in, sp) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
+    if (N > 0) {
+        if ((!decode && enqueue_sample(r, N)) ||
+            CUDA_TRY(cudaMemcpyAsync(s->h.sampled, s->d.sampled, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                     s->stream)) ||
+            download_logits(r, s, N, logits))
+            return -1;
+    }
+    if (finish_step(s)) return -1;
+    for (int k = 0; k < N; k++) {
+        if (s->h.sampled[k] < 0 || s->h.sampled[k] >= V)
+            return mv_error("sampled row %d: the logits have no finite value (the GPU sampler returned %d)", k,
+                            s->h.sampled[k]);
+        sampled[k] = s->h.sampled[k];
+    }
+    return 0;
+}
+
+const runner_backend_t RUNNER_BACKEND_CUDA = {"cuda", cuda_create, cuda_step, cuda_destroy, cuda_step_sample};
+
+#endif  // MV_HAVE_CUDA

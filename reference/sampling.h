@@ -1,0 +1,99 @@
+/*
+ * reference/sampling.h - CPU reference of token sampling: from one row of
+ * logits to one token id, with greedy, temperature, top-k and top-p.
+ *
+ * Where it sits in Qwen3 inference: after the LM head, once per sampled
+ * row of a step; the id goes back to the scheduler. The engine's CPU
+ * backend samples with it (chapters/09-engine/runtime/sampler.h), and the
+ * GPU sampler (kernels/sampling.h) is checked against it token for token:
+ * for the same fp32 logits, parameters, seed and gen_index both return the
+ * same id, every time (build/engine_check).
+ *
+ * The rule (vLLM's order):
+ *   1. greedy (temperature 0): the argmax; a tie goes to the lowest id, -0
+ *      and +0 tie, NaN never wins. If the largest non-NaN logit is not
+ *      finite (all NaN, all -inf, or a +inf) the row has no answer: an
+ *      error here, -1 from the GPU.
+ *   2. otherwise the candidates are the finite logits in the order (logit
+ *      descending, id ascending), a total order. top-k keeps the first k
+ *      (0 = off). Each candidate has the log weight x = (logit - top) / T
+ *      (T the temperature, top the largest logit; in fp32 as (logit - top)
+ *      times 1/T, sampling_math.h) and the integer mass
+ *      floor(e^x 2^32). top-p keeps, of those, the shortest prefix whose
+ *      mass reaches ceil(top_p * their total mass) (1 = off; the top token
+ *      always stays).
+ *   3. the draw: the kept token with the largest Gumbel score
+ *      x + g, g = -log(-log(u)), u = Philox4x32-10 of (seed; token id,
+ *      gen_index), a tie going to the lower id. That picks token i with
+ *      probability e^x_i / sum over the kept of e^x: softmax(logits / T)
+ *      restricted to the kept set.
+ *
+ * Why the two backends agree exactly: every number the rule uses comes
+ * from reference/sampling_math.h, one copy for both (exp and log from IEEE
+ * operations only, never contracted), the masses are integers (their sums
+ * are the same in any order, block reduction or loop), the top-p target is
+ * one integer computed the same way, and u depends only on (seed,
+ * gen_index, id), never on the batch or the order rows run in.
+ *
+ * This file sorts the finite logits (a qsort, when top-k or top-p cut) and
+ * walks the prefix; the kernel finds the same prefix without sorting the
+ * row: by bisection (version 1), or among the few candidates that per-thread
+ * shortlists leave (version 2). Library code: 0 / -1 with mv_error(). Tests: tests/test_sampling.c.
+ */
+#ifndef MV_REF_SAMPLING_H
+#define MV_REF_SAMPLING_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One row's sampling parameters and the key of its draw.
+typedef struct {
+    float temperature;  // >= 0 and finite; 0 = greedy
+    int32_t top_k;      // >= 0; 0 = off (k >= the finite logits: off too)
+    float top_p;        // in (0, 1]; 1 = off
+    uint64_t seed;      // the request's seed
+    int64_t gen_index;  // >= 0: tokens the request had generated before this one
+} sampling_row_t;
+
+// Scratch for one vocabulary, reused across calls (one per thread).
+typedef struct {
+    int vocab;
+    uint64_t *order;  // [vocab] candidates as sampling_pack(order key, id); after sampling_kept_cpu
+                      //         the kept ones first, in the order
+} sampling_scratch_t;
+
+int sampling_scratch_init(sampling_scratch_t *s, int vocab);
+void sampling_scratch_free(sampling_scratch_t *s);
+
+// 0 when temperature >= 0 and finite, top_k >= 0, top_p in (0, 1] and
+// gen_index >= 0; else -1 with mv_error() naming the bad value.
+int sampling_row_validate(const sampling_row_t *r);
+
+// The argmax of logits[vocab] in the sampler's order (lowest id on ties,
+// -0 = +0, NaN never wins); -1 when every logit is NaN.
+int32_t sampling_argmax_cpu(const float *logits, int vocab);
+
+// The kept set of a row with temperature > 0: s->order[0, *n_kept) in the
+// order (sampling_unpack_id gives the ids). -1 with mv_error() on bad
+// parameters, temperature 0, or logits with no finite largest value.
+int sampling_kept_cpu(sampling_scratch_t *s, const float *logits, const sampling_row_t *r, int *n_kept);
+
+// One token id from logits[s->vocab]. -1 with mv_error() on bad parameters
+// or logits whose largest non-NaN value is not finite.
+int sample_token_cpu(sampling_scratch_t *s, const float *logits, const sampling_row_t *r, int32_t *out);
+
+// The GPU launcher's contract on the host (kernels/sampling.h,
+// sample_tokens_cuda): out [num_rows], logits rows of logits_stride floats,
+// per-row parameters in [num_rows] arrays; a row with no finite largest
+// logit gets -1. -1 with mv_error() naming the row on bad parameters.
+int sample_tokens_cpu(int32_t *out, const float *logits, long long logits_stride, int num_rows, int vocab,
+                      const float *temperature, const int32_t *top_k, const float *top_p, const uint64_t *seed,
+                      const int64_t *gen_index);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
