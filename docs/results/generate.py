@@ -400,8 +400,29 @@ def render_engine_latency(d):
     return "\n".join(out) + "\n"
 
 
+def render_engine_graphs(pairs):
+    d0 = pairs[0][1]
+    out = [f"From `tests/gpu/bench.sh` on **{d0['gpu']}** ({d0['date'][:10]}, commit {d0['commit']}): the same "
+           "`minivllm bench` runs with decode CUDA graphs (the default) and with `--enforce-eager` (the same padded "
+           "decode steps launched kernel by kernel), random weights.",
+           "",
+           "| run | graphs: output tok/s | TPOT p50 ms | eager: output tok/s | TPOT p50 ms | graphs / eager |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for what, g, e in pairs:
+        out.append(f"| {what} | {g['output_tok_s']:,.0f} | {g['tpot_ms']['p50']:.2f} | {e['output_tok_s']:,.0f} | "
+                   f"{e['tpot_ms']['p50']:.2f} | {g['output_tok_s'] / e['output_tok_s']:.2f}x |")
+    out += ["", f"Capture at start-up: {d0.get('cuda_graphs', 0)} graphs in {d0.get('graph_capture_s', 0):.2f} s, "
+            f"{d0.get('graph_bytes', 0) / 2**20:.0f} MiB of GPU memory."]
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
+    pairs = [("one stream, 512 + 256", load("09-engine.single.json"), load("09-engine.single-eager.json")),
+             ("nano-vllm's workload, greedy", load("09-engine.nanovllm-greedy.json"),
+              load("09-engine.nanovllm-greedy-eager.json"))]
+    if all(g and e for _, g, e in pairs):
+        out["09-engine:graphs"] = ("09-engine.single.json", render_engine_graphs(pairs))
     ws = [(what, load(name)) for what, name in WORKLOAD_JSONS]
     if all(d for _, d in ws):
         out["09-engine:workload"] = (WORKLOAD_JSONS[0][1], render_engine_workload(ws))
