@@ -416,8 +416,71 @@ def render_engine_graphs(pairs):
     return "\n".join(out) + "\n"
 
 
+def render_engine_scaling(batch, contexts):
+    c = batch["config"]
+    ceil = copy_ceiling()
+    kv = kv_bytes_per_token(c)
+    out = [f"From the scaling steps of `tests/gpu/bench.sh` on **{batch['gpu']}** ({batch['date'][:10]}, commit "
+           f"{batch['commit']}): `minivllm bench --latency`, random weights, one repetition each, decode CUDA graphs "
+           f"{'off' if batch.get('enforce_eager') else 'on'}. *Floor*: a decode step reading the "
+           f"{batch['weight_bytes'] / 1e9:.2f} GB of weights and every row's KV cache at the middle of its "
+           f"output ({kv:,} bytes a token) at the {ceil[0]:,.0f} GB/s copy bandwidth chapter 01 measured.",
+           "",
+           f"Batch size ({batch['prompt_len']}-token prompts, {batch['output_len']} generated each):",
+           "",
+           "| batch | output tok/s | TPOT p50 ms | TPOT floor ms | % of floor | output tok/s per request |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for b in batch["batches"]:
+        mid = batch["prompt_len"] + batch["output_len"] / 2
+        floor_ms = 1e3 * (batch["weight_bytes"] + b["batch"] * mid * kv) / (ceil[0] * 1e9)
+        out.append(f"| {b['batch']} | {b['output_tok_s']['median']:,.0f} | {b['tpot_ms']['p50']:.3f} | "
+                   f"{floor_ms:.3f} | {100 * floor_ms / b['tpot_ms']['p50']:.0f} | "
+                   f"{b['output_tok_s']['median'] / b['batch']:,.0f} |")
+    out += ["", "One stream against the context length (256 generated tokens after the prompt):", "",
+            "| prompt tokens | TTFT ms | TPOT p50 ms | TPOT floor ms | % of floor | output tok/s |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for d in contexts:
+        b = d["batches"][0]
+        mid = d["prompt_len"] + d["output_len"] / 2
+        floor_ms = 1e3 * (d["weight_bytes"] + mid * kv) / (ceil[0] * 1e9)
+        out.append(f"| {d['prompt_len']:,} | {b['ttft_ms']['p50']:.1f} | {b['tpot_ms']['p50']:.3f} | {floor_ms:.3f} | "
+                   f"{100 * floor_ms / b['tpot_ms']['p50']:.0f} | {b['output_tok_s']['median']:,.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def render_engine_peer(hf, single, workload):
+    s, cb = hf["single"], hf["cb"]
+    out = [f"transformers {hf['transformers']} (torch {hf['torch']}) on **{hf['gpu']}** ({hf['date'][:10]}), "
+           f"`{hf['command']}`, on the same shapes with seeded random bf16 weights, greedy, eos ignored; minivllm from "
+           f"the tables above (commit {single['commit']}).",
+           "",
+           "| run | transformers | minivllm | minivllm / transformers |",
+           "| --- | ---: | ---: | ---: |",
+           f"| one stream, {s['prompt_len']} + {s['new_tokens']}: output tok/s (transformers: static cache"
+           f"{', compiled' if s.get('compiled') else ', not compiled'}) | {s['output_tok_s_median']:,.0f} | "
+           f"{single['output_tok_s']:,.0f} | {single['output_tok_s'] / s['output_tok_s_median']:.1f}x |",
+           f"| nano-vllm's workload: output tok/s (transformers: {cb['mode'].split(' (')[0]}, "
+           f"{cb.get('attn_implementation', '').replace('|', ' + ')}) | {cb['output_tok_s']:,.0f} | {workload['output_tok_s']:,.0f} | "
+           f"{workload['output_tok_s'] / cb['output_tok_s']:.0f}x |"]
+    if not cb.get("complete"):
+        out += ["", f"transformers' continuous batching did not finish the workload within its {cb['cap_s']:.0f} s cap: "
+                f"{cb['requests_finished']} of {cb['requests']} requests finished, {cb['output_tokens']:,} of "
+                f"{cb['requested_output_tokens']:,} output tokens (partial ones included) in {cb['seconds']:.0f} s; "
+                "its figure is those tokens over those seconds."]
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
+    hf = load("09-engine.hf-peer.json")
+    if hf and load("09-engine.single.json") and load("09-engine.nanovllm-greedy.json"):
+        out["09-engine:peer"] = ("09-engine.hf-peer.json",
+                                 render_engine_peer(hf, load("09-engine.single.json"),
+                                                    load("09-engine.nanovllm-greedy.json")))
+    sb = load("09-engine.scaling-batch.json")
+    ctx = [load(f"09-engine.context-{n}.json") for n in (512, 2048, 8192, 32768)]
+    if sb and all(ctx):
+        out["09-engine:scaling"] = ("09-engine.scaling-batch.json", render_engine_scaling(sb, ctx))
     pairs = [("one stream, 512 + 256", load("09-engine.single.json"), load("09-engine.single-eager.json")),
              ("nano-vllm's workload, greedy", load("09-engine.nanovllm-greedy.json"),
               load("09-engine.nanovllm-greedy-eager.json"))]

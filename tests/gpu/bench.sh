@@ -16,11 +16,13 @@
 #   2. latency: --latency --batch 1,8,64, prompts of 512 tokens, 256 generated, --repeat 3:
 #      TTFT and TPOT p50 / p99
 #   3. single-stream decode: 1 request, 512 + 256, --repeat 5 (docs/results' 09-engine:single)
-#   4. on cuda, single stream and the greedy workload again with --enforce-eager (no CUDA graphs)
+#   4. scaling: --latency at batch 1 to 256 (512 + 256), and one stream at contexts 512 to 32768
+#   5. on cuda, single stream and the greedy workload again with --enforce-eager (no CUDA graphs)
 # and leaves under $OUT (copy the JSON into docs/results/json/):
 #   09-engine.nanovllm-greedy.json  09-engine.nanovllm-qwen3.json  09-engine.nanovllm-file.json
 #   09-engine.latency.json          09-engine.single.json           bench.log (everything printed)
 #   09-engine.single-eager.json     09-engine.nanovllm-greedy-eager.json
+#   09-engine.scaling-batch.json    09-engine.context-{512,2048,8192,32768}.json
 # and prints a short table last. Exit status 0 when every step ran.
 #
 # Time (H200): the build ~1-2 min when needed; each bench process draws the 596M random weights
@@ -88,6 +90,12 @@ step nanovllm-qwen3 120 --input "$WORK" --sampling qwen3 --repeat 3
 step nanovllm-file 120 --input "$WORK" --repeat 3
 step latency 120 --latency --batch 1,8,64 "${lat_args[@]}" --repeat 3
 step single 60 --num-seqs 1 "${single_args[@]}" --repeat 5
+# Scaling: output tok/s against the batch size (512 + 256 each), and one stream against the context length.
+step scaling-batch 90 --latency --batch 1,2,4,8,16,32,64,128,256 "${lat_args[@]}" --repeat 1
+for ctx in 512 2048 8192 32768; do
+  step "context-$ctx" 40 --latency --batch 1 --prompt-len "$ctx" --output-len 256 --max-model-len $((ctx + 256)) \
+    --repeat 1
+done
 # The same without CUDA graphs (--enforce-eager: decode steps launched kernel by kernel), for what graphs change.
 if [ "$DEVICE" = cuda ]; then
   step single-eager 60 --num-seqs 1 "${single_args[@]}" --repeat 3 --enforce-eager
