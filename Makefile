@@ -249,7 +249,7 @@ run: deps
 	@$(MAKE) --no-print-directory chapters
 	@echo "== mini-vLLM Lab: every chapter, in order"
 	@status=0; for c in $(LAB_CHAPTERS); do ./$(BUILD)/$$c --summary || status=1; done; exit $$status
-	@$(MAKE) --no-print-directory $(BUILD)/minivllm
+	@$(MAKE) --no-print-directory -q $(BUILD)/minivllm || $(MAKE) --no-print-directory $(BUILD)/minivllm
 ifeq ($(MODEL),)
 	@echo "== minivllm generate (CPU backend) on tests/data/tiny-qwen3-tied, prompts from chapters/09-engine/demo.jsonl"
 	@./$(BUILD)/minivllm generate --model tests/data/tiny-qwen3-tied --input chapters/09-engine/demo.jsonl
