@@ -9,6 +9,7 @@
 #include "kernels/activation.h"
 
 #include "common/check.h"
+#include "kernels/activation.cuh"
 #include "kernels/common.cuh"
 #include "reference/activation.h"
 
@@ -70,6 +71,8 @@ template <int VEC, int UNROLL>
 __global__ void silu_and_mul_kernel_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I) {
     using vec_t = bf16_vec<VEC>;
     const int vecs_per_row = I / VEC;  // launcher guarantees I % VEC == 0
+    pdl_launch_dependents();
+    pdl_wait();
     for (long long t = blockIdx.x; t < T; t += gridDim.x) {
         const vec_t *gate_row = reinterpret_cast<const vec_t *>(in + t * 2 * I);
         const vec_t *up_row = reinterpret_cast<const vec_t *>(in + t * 2 * I + I);
@@ -91,8 +94,7 @@ __global__ void silu_and_mul_kernel_v3(__nv_bfloat16 *out, const __nv_bfloat16 *
                 vec_t y;
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
-                    float gf = __bfloat162float(g[k].v[e]);
-                    y.v[e] = __float2bfloat16(__fdividef(gf, 1.0f + __expf(-gf)) * __bfloat162float(u[k].v[e]));
+                    y.v[e] = __float2bfloat16(silu_mul_dev(__bfloat162float(g[k].v[e]), __bfloat162float(u[k].v[e])));
                 }
                 out_row[c] = y;
             }
@@ -108,7 +110,7 @@ static void launch_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I,
     long long blocks = T;
     long long max_blocks = 16LL * mv_num_sms();
     if (blocks > max_blocks) blocks = max_blocks;
-    silu_and_mul_kernel_v3<VEC, 4><<<(unsigned)blocks, threads, 0, s>>>(out, in, T, I);
+    mv_launch(silu_and_mul_kernel_v3<VEC, 4>, dim3((unsigned)blocks), dim3(threads), 0, s, out, in, T, I);
 }
 
 template <int VEC>

@@ -162,6 +162,7 @@ extern "C" const char *attention_decode_version_name(int version) {
     switch (version) {
     case 1: return "v1-naive-block-per-head";
     case 2: return "v2-gqa-split";
+    case 3: return "v3-gqa-split-per-row";
     default: return NULL;
     }
 }
@@ -336,7 +337,7 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
         if (need > 0 && !mv_aligned(d_workspace, 16))
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
         if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, stream))
+                             scale, splits, (float *)d_workspace, version == 3, stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());

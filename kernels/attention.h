@@ -50,7 +50,16 @@
  *              (sequence, kv head, piece), the whole GQA group at once,
  *              16-byte loads, 32 KB in flight per block; pieces combined by
  *              a reduction kernel (log-sum-exp) when num_splits > 1.
+ *              The pieces are cut from max_context_len on the host: under
+ *              a loose bound (a CUDA graph launched with max_model_len) a
+ *              short context lands in the first piece or two and the other
+ *              blocks find no keys.
  *              Same alignment needs as prefill 2.
+ *   decode  3  version 2 with each sequence's own context cut into the
+ *              num_splits pieces (whole tiles of 64 keys at D = 128), on the
+ *              device: the engine's, for decode graphs, which are launched with
+ *              max_model_len as the bound. At one stream of 515 keys and 16
+ *              pieces, 9 pieces of 64 keys instead of 3 of 256.
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H
@@ -67,8 +76,8 @@ extern "C" {
 
 #define ATTN_PREFILL_NUM_VERSIONS 3
 #define ATTN_PREFILL_FAST 3  // the version the engine uses
-#define ATTN_DECODE_NUM_VERSIONS 2
-#define ATTN_DECODE_FAST 2   // the version the engine uses
+#define ATTN_DECODE_NUM_VERSIONS 3
+#define ATTN_DECODE_FAST 3   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64
 
 const char *attention_prefill_version_name(int version);
@@ -110,7 +119,7 @@ size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, int head_di
 // Decode: one query per sequence over its whole context in the cache.
 //   d_out [num_seqs, num_heads, head_dim], d_q rows of q_stride elements.
 // num_splits: 0 = attention_decode_num_splits(), 1 = unsplit, n = n pieces
-// (version 2 only; version 1 takes 0 or 1). d_workspace must hold
+// (versions 2 and 3; version 1 takes 0 or 1). d_workspace must hold
 // attention_decode_workspace_bytes() for the splits used (may be NULL when
 // unsplit). A piece that starts past a sequence's context contributes
 // nothing, so max_context_len may be an upper bound.

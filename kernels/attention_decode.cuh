@@ -70,10 +70,24 @@ __device__ __forceinline__ uint4 ldg16(const bf16 *p) { return __ldg(reinterpret
 //   grid (Hkv * groups_per_kv, num_seqs, num_splits), DEC_THREADS threads.
 //   CTA: kv head kvh, query heads h0 .. h0 + G - 1 of its group.
 //   ws_o [S, H, num_splits, D], ws_ml [S, H, num_splits, 2] (num_splits > 1).
+// The keys of one piece. split_len > 0: that many, the same for every
+// sequence (version 2: cut from the launch's max_context_len on the host).
+// split_len = -TILE (version 3): each sequence's own context cut into
+// num_splits pieces of whole tiles, on the device, so a short context in a
+// launch bounded by max_model_len (a decode CUDA graph) still spreads over
+// every piece instead of filling the first few.
+__device__ __forceinline__ int decode_piece_len(int split_len, int ctx, int num_splits) {
+    if (split_len > 0) return split_len;
+    const int tile = -split_len, per = (ctx + num_splits - 1) / num_splits;
+    return max(tile, (per + tile - 1) / tile * tile);
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
 decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
                  int num_splits, int split_len, float *ws_o, float *ws_ml) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     constexpr int U = dec_unroll(G);
     constexpr int LPK = D / 8;             // lanes per key row
     constexpr int SUB = 32 / LPK;          // keys per warp load
@@ -90,6 +104,7 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
     const int part = lane % LPK;              // its dims part*8 .. part*8+7
 
     const int ctx = kv.num_keys(s);
+    split_len = decode_piece_len(split_len, ctx, num_splits);
     const int start = split * split_len;
     const int end = split == num_splits - 1 ? ctx : min(ctx, start + split_len);
     if (start >= end) {
@@ -228,8 +243,11 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
 __global__ void __launch_bounds__(128)
 decode_reduce_kernel(bf16 *out, const float *ws_o, const float *ws_ml, const int32_t *context_lens, int H, int D,
                      int num_splits, int split_len) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
     const int ctx = context_lens[s];
+    split_len = decode_piece_len(split_len, ctx, num_splits);
     const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + split_len - 1) / split_len);
     const long long first = ((long long)s * H + h) * num_splits;  // piece 0 of this (sequence, head)
     float M = -INFINITY;
@@ -263,21 +281,21 @@ static int decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len
 template <int D, int G>
 static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               cudaStream_t stream) {
+                               int per_row, cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
-    const int split_len = per_piece <= 0 ? TILE : (per_piece + TILE - 1) / TILE * TILE;
+    const int split_len = per_row ? -TILE : per_piece <= 0 ? TILE : (per_piece + TILE - 1) / TILE * TILE;
     float *ws_o = workspace;
     float *ws_ml = num_splits > 1 ? workspace + (size_t)num_seqs * H * num_splits * D : NULL;
     const int groups_per_kv = H / Hkv / G;
     dim3 grid((unsigned)(Hkv * groups_per_kv), (unsigned)num_seqs, (unsigned)num_splits);
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x log2 e): exp2f is one instruction
-    decode_kernel_v2<D, G><<<grid, DEC_THREADS, 0, stream>>>(out, q, q_stride, kv, H, Hkv, scale_log2, num_splits,
-                                                             split_len, ws_o, ws_ml);
+    mv_launch(decode_kernel_v2<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, q, q_stride, kv, H, Hkv, scale_log2,
+              num_splits, split_len, ws_o, ws_ml);
     if (num_splits > 1)
-        decode_reduce_kernel<<<dim3((unsigned)H, (unsigned)num_seqs), D, 0, stream>>>(
-            out, ws_o, ws_ml, kv.context_lens, H, D, num_splits, split_len);
+        mv_launch(decode_reduce_kernel, dim3((unsigned)H, (unsigned)num_seqs), dim3(D), 0, stream, out,
+                  (const float *)ws_o, (const float *)ws_ml, kv.context_lens, H, D, num_splits, split_len);
 }
 
 // G: the largest of 8, 4, 2, 1 that divides the group; a group of another
@@ -286,24 +304,24 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
 template <int D>
 static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               cudaStream_t stream) {
+                               int per_row, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
-        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     else if (group % 4 == 0)
-        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     else if (group % 2 == 0)
-        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     else
-        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
 }
 
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            cudaStream_t stream) {
+                            int per_row, cudaStream_t stream) {
     if (D == 128)
-        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     else
-        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, stream);
+        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     return 0;
 }

@@ -50,4 +50,51 @@ __device__ __forceinline__ float block_sum(float v) {
 // per device and cached: launchers size grids that fill the GPU from it.
 int mv_num_sms(void);
 
+// ---- programmatic dependent launch (PDL, sm_90 and later) ----------------------
+//
+// A kernel launched with the PDL attribute (mv_launch while mv_pdl_enabled())
+// may start before the kernel ahead of it in the stream has finished: as soon
+// as every block of that kernel has called pdl_launch_dependents() (or
+// exited). Until it calls pdl_wait(), it may only read what no earlier kernel
+// writes (weights, constants) and may write nothing; pdl_wait() returns when
+// the kernel ahead has finished and its writes are visible. Since that kernel
+// passed its own pdl_wait() before finishing, every earlier kernel has
+// finished too. A decode-path kernel therefore starts with
+// pdl_launch_dependents() (let the next kernel get resident and issue its
+// weight loads) and calls pdl_wait() before its first read of an
+// activation. Launched without the attribute both are no-ops, so the same
+// kernel serves plain launches and the chapters' checks.
+__device__ __forceinline__ void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#include "kernels/pdl.h"
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
+// mv_pdl_enabled(). Only kernels that call pdl_wait() before reading
+// activations may be launched through it.
+template <typename... KArgs, typename... Args>
+static inline cudaError_t mv_launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = mv_pdl_enabled() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
 #endif

@@ -16,6 +16,8 @@ typedef __nv_bfloat16 bf16;
 template <int VEC>
 __global__ void embedding_kernel(bf16 *out, const int32_t *ids, const bf16 *table, int T, int H,
                                  int vocab_start, int vocab_end) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     using vec_t = bf16_vec<VEC>;
     const int nvec = H / VEC;
     for (int t = blockIdx.x; t < T; t += gridDim.x) {
@@ -35,6 +37,8 @@ __global__ void embedding_kernel(bf16 *out, const int32_t *ids, const bf16 *tabl
 
 template <int VEC>
 __global__ void gather_last_tokens_kernel(bf16 *out, const bf16 *hidden, const int32_t *cu_seqlens, int S, int H) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     using vec_t = bf16_vec<VEC>;
     const int nvec = H / VEC;
     for (int s = blockIdx.x; s < S; s += gridDim.x) {
@@ -69,10 +73,10 @@ extern "C" int embedding_cuda(bf16_t *d_out, const int32_t *d_ids, const bf16_t 
     bf16 *out = (bf16 *)d_out;
     const bf16 *table = (const bf16 *)d_table;
     switch (vec) {
-    case 8: embedding_kernel<8><<<blocks, threads, 0, stream>>>(out, d_ids, table, T, H, vocab_start, vocab_end); break;
-    case 4: embedding_kernel<4><<<blocks, threads, 0, stream>>>(out, d_ids, table, T, H, vocab_start, vocab_end); break;
-    case 2: embedding_kernel<2><<<blocks, threads, 0, stream>>>(out, d_ids, table, T, H, vocab_start, vocab_end); break;
-    default: embedding_kernel<1><<<blocks, threads, 0, stream>>>(out, d_ids, table, T, H, vocab_start, vocab_end); break;
+    case 8: mv_launch(embedding_kernel<8>, dim3(blocks), dim3(threads), 0, stream, out, d_ids, table, T, H, vocab_start, vocab_end); break;
+    case 4: mv_launch(embedding_kernel<4>, dim3(blocks), dim3(threads), 0, stream, out, d_ids, table, T, H, vocab_start, vocab_end); break;
+    case 2: mv_launch(embedding_kernel<2>, dim3(blocks), dim3(threads), 0, stream, out, d_ids, table, T, H, vocab_start, vocab_end); break;
+    default: mv_launch(embedding_kernel<1>, dim3(blocks), dim3(threads), 0, stream, out, d_ids, table, T, H, vocab_start, vocab_end); break;
     }
     return CUDA_TRY(cudaGetLastError());
 }
@@ -88,10 +92,10 @@ extern "C" int gather_last_tokens_cuda(bf16_t *d_out, const bf16_t *d_hidden, co
     bf16 *out = (bf16 *)d_out;
     const bf16 *hidden = (const bf16 *)d_hidden;
     switch (vec) {
-    case 8: gather_last_tokens_kernel<8><<<blocks, threads, 0, stream>>>(out, hidden, d_cu_seqlens, S, H); break;
-    case 4: gather_last_tokens_kernel<4><<<blocks, threads, 0, stream>>>(out, hidden, d_cu_seqlens, S, H); break;
-    case 2: gather_last_tokens_kernel<2><<<blocks, threads, 0, stream>>>(out, hidden, d_cu_seqlens, S, H); break;
-    default: gather_last_tokens_kernel<1><<<blocks, threads, 0, stream>>>(out, hidden, d_cu_seqlens, S, H); break;
+    case 8: mv_launch(gather_last_tokens_kernel<8>, dim3(blocks), dim3(threads), 0, stream, out, hidden, d_cu_seqlens, S, H); break;
+    case 4: mv_launch(gather_last_tokens_kernel<4>, dim3(blocks), dim3(threads), 0, stream, out, hidden, d_cu_seqlens, S, H); break;
+    case 2: mv_launch(gather_last_tokens_kernel<2>, dim3(blocks), dim3(threads), 0, stream, out, hidden, d_cu_seqlens, S, H); break;
+    default: mv_launch(gather_last_tokens_kernel<1>, dim3(blocks), dim3(threads), 0, stream, out, hidden, d_cu_seqlens, S, H); break;
     }
     return CUDA_TRY(cudaGetLastError());
 }

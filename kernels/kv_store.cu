@@ -48,6 +48,8 @@ template <int VEC, int CACHE>
 __global__ void __launch_bounds__(256)
 store_kvcache_kernel_v2(const bf16 *k, long long k_stride, const bf16 *v, long long v_stride, bf16 *k_cache,
                         bf16 *v_cache, const int32_t *slot_mapping, int T, int row, long long num_slots) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     using vec_t = bf16_vec<VEC>;
     const long long t = (long long)blockIdx.x * blockDim.y + threadIdx.y;
     if (t >= T) return;
@@ -103,7 +105,7 @@ static void launch_v2(const bf16 *k, long long ks, const bf16 *v, long long vs, 
     const int tokens_per_block = 8;  // 8 warps, 256 threads
     dim3 block(32, tokens_per_block);
     dim3 grid((unsigned)((T + tokens_per_block - 1) / tokens_per_block));
-    store_kvcache_kernel_v2<VEC, 4><<<grid, block, 0, s>>>(k, ks, v, vs, kc, vc, slots, T, row, num_slots);
+    mv_launch(store_kvcache_kernel_v2<VEC, 4>, grid, block, 0, s, k, ks, v, vs, kc, vc, slots, T, row, num_slots);
 }
 
 extern "C" const char *kv_store_version_name(int version) {

@@ -38,6 +38,7 @@
 #include "kernels/linear.h"
 
 #include "common/check.h"
+#include "kernels/activation.cuh"
 #include "kernels/common.cuh"
 #include "reference/linear.h"
 
@@ -197,7 +198,42 @@ __device__ __forceinline__ void bf16x8_to_float(uint4 v, float f[8]) {
 // and spilled; without it, 58 (M = 1) to 130 (M = 16) registers and no
 // spills (nvcc 13.0, sm_90: -Xptxas -v). 58 registers leave room for 32
 // warps per SM, more than any Qwen3-0.6B shape launches at M = 1.
-template <int MT>
+// One batch of weight loads: GEMV_U slabs from `slab` on, for both rows.
+template <int R>
+__device__ __forceinline__ void gemv_load_batch(uint4 (&w)[GEMV_U][R], const uint4 *const (&wrow)[R], int slab,
+                                                int ks, int kc, int lane) {
+#pragma unroll
+    for (int u = 0; u < GEMV_U; u++) {
+        const int c = (slab + u * ks) * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) w[u][r] = c < kc ? load_weight_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Where x comes from. gemv_x_plain: x [M, K] bf16 itself, 16 bytes per
+// chunk through L1. gemv_x_silu_mul: x = SiluAndMul(gate_up), gate_up
+// [M, 2K] (gate, then up), computed per chunk as silu_and_mul_cuda's
+// version 3 computes it (kernels/activation.cuh: the same expression and one
+// bf16 rounding), so the fused layer gives the bits of silu_and_mul_cuda
+// followed by this GEMV, without the [M, K] activation's round trip.
+struct gemv_x_plain {
+    static __device__ __forceinline__ void load(float xf[8], const bf16 *x, int m, int kc, int c) {
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(x) + (long long)m * kc + c), xf);
+    }
+};
+
+struct gemv_x_silu_mul {
+    static __device__ __forceinline__ void load(float xf[8], const bf16 *gate_up, int m, int kc, int c) {
+        const uint4 *row = reinterpret_cast<const uint4 *>(gate_up) + (long long)m * 2 * kc;
+        float g[8], u[8];
+        bf16x8_to_float(__ldg(row + c), g);
+        bf16x8_to_float(__ldg(row + kc + c), u);
+#pragma unroll
+        for (int j = 0; j < 8; j++) xf[j] = __bfloat162float(__float2bfloat16(silu_mul_dev(g[j], u[j])));
+    }
+};
+
+template <int MT, typename X>
 __global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
                                    const bf16 *__restrict__ bias, int N, int K, int ks) {
     constexpr int R = GEMV_ROWS;
@@ -209,7 +245,6 @@ __global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restric
     const int rows_per_block = (int)(blockDim.x / 32) / ks * R;
     const long long row0 = (long long)blockIdx.x * rows_per_block;  // the block's first row
     const int kc = K / 8;                                           // 16-byte chunks per row
-    const uint4 *xv = reinterpret_cast<const uint4 *>(x);           // [M, kc]
     const uint4 *wrow[R];                                           // this warp's rows of W
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -225,15 +260,18 @@ __global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restric
 #pragma unroll
         for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
 
+    // The first batch of weight loads is issued before pdl_wait(): under
+    // programmatic dependent launch (kernels/common.cuh) they stream while
+    // the kernel ahead, which writes x, is still running. For every
+    // Qwen3-0.6B shape the first batch is the warp's whole share of its rows.
+    pdl_launch_dependents();
+    uint4 w[GEMV_U][R];
+    gemv_load_batch<R>(w, wrow, slice, ks, kc, lane);
+    pdl_wait();
     for (int slab = slice; slab * 32 < kc; slab += GEMV_U * ks) {
-        // Every load of this batch first (2 rows x GEMV_U chunks per lane)...
-        uint4 w[GEMV_U][R];
-#pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
-            const int c = (slab + u * ks) * 32 + lane;
-#pragma unroll
-            for (int r = 0; r < R; r++) w[u][r] = c < kc ? load_weight_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
-        }
+        // Every load of this batch first (2 rows x GEMV_U chunks per lane,
+        // issued above for the first batch)...
+        if (slab != slice) gemv_load_batch<R>(w, wrow, slab, ks, kc, lane);
         // ...then the arithmetic, as the loads arrive.
 #pragma unroll
         for (int u = 0; u < GEMV_U; u++) {
@@ -245,7 +283,7 @@ __global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restric
 #pragma unroll
             for (int m = 0; m < MT; m++) {
                 float xf[8];
-                bf16x8_to_float(__ldg(xv + (long long)m * kc + c), xf);
+                X::load(xf, x, m, kc, c);
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
@@ -283,13 +321,14 @@ __global__ void linear_gemv_kernel(bf16 *__restrict__ out, const bf16 *__restric
 
 typedef void (*gemv_kernel_fn)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int);
 
-// linear_gemv_kernel<M> for M = 1..LINEAR_GEMV_MAX_M, indexed by M - 1.
-static const gemv_kernel_fn GEMV_KERNELS[LINEAR_GEMV_MAX_M] = {
-    linear_gemv_kernel<1>,  linear_gemv_kernel<2>,  linear_gemv_kernel<3>,  linear_gemv_kernel<4>,
-    linear_gemv_kernel<5>,  linear_gemv_kernel<6>,  linear_gemv_kernel<7>,  linear_gemv_kernel<8>,
-    linear_gemv_kernel<9>,  linear_gemv_kernel<10>, linear_gemv_kernel<11>, linear_gemv_kernel<12>,
-    linear_gemv_kernel<13>, linear_gemv_kernel<14>, linear_gemv_kernel<15>, linear_gemv_kernel<16>,
-};
+// linear_gemv_kernel<M, X> for M = 1..LINEAR_GEMV_MAX_M, indexed by M - 1.
+#define GEMV_TABLE(X)                                                                                     \
+    {linear_gemv_kernel<1, X>,  linear_gemv_kernel<2, X>,  linear_gemv_kernel<3, X>,  linear_gemv_kernel<4, X>,  \
+     linear_gemv_kernel<5, X>,  linear_gemv_kernel<6, X>,  linear_gemv_kernel<7, X>,  linear_gemv_kernel<8, X>,  \
+     linear_gemv_kernel<9, X>,  linear_gemv_kernel<10, X>, linear_gemv_kernel<11, X>, linear_gemv_kernel<12, X>, \
+     linear_gemv_kernel<13, X>, linear_gemv_kernel<14, X>, linear_gemv_kernel<15, X>, linear_gemv_kernel<16, X>}
+static const gemv_kernel_fn GEMV_KERNELS[LINEAR_GEMV_MAX_M] = GEMV_TABLE(gemv_x_plain);
+static const gemv_kernel_fn GEMV_SILU_KERNELS[LINEAR_GEMV_MAX_M] = GEMV_TABLE(gemv_x_silu_mul);
 
 // Warps that share a row (see above): one batch of GEMV_U slabs per warp
 // covers the row, with at most GEMV_MAX_WARPS warps (longer rows loop).
@@ -312,6 +351,17 @@ extern "C" int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, 
            mv_aligned(d_W, 16);
 }
 
+static int launch_gemv(gemv_kernel_fn kernel, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+                       const bf16_t *d_bias, int N, int K, cudaStream_t stream) {
+    const int ks = gemv_k_split(K);
+    int groups = GEMV_MAX_WARPS / ks;
+    while (groups > 1 && gemv_blocks(N, groups) < 2LL * mv_num_sms()) groups /= 2;
+    if (CUDA_TRY(mv_launch(kernel, dim3((unsigned)gemv_blocks(N, groups)), dim3(32 * ks * groups), 0, stream,
+                           (bf16 *)d_out, (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, N, K, ks)))
+        return -1;
+    return CUDA_TRY(cudaGetLastError());
+}
+
 static int linear_gemv(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias, int M, int N,
                        int K, cudaStream_t stream) {
     if (!d_out || !d_x || !d_W) return mv_error("linear_gemv: null pointer");
@@ -327,12 +377,23 @@ static int linear_gemv(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, cons
     if (!mv_aligned(d_x, 16))
         return mv_error("linear_gemv: x (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_x,
                         gemv_misalignment(d_x));
-    const int ks = gemv_k_split(K);
-    int groups = GEMV_MAX_WARPS / ks;
-    while (groups > 1 && gemv_blocks(N, groups) < 2LL * mv_num_sms()) groups /= 2;
-    GEMV_KERNELS[M - 1]<<<(unsigned)gemv_blocks(N, groups), 32 * ks * groups, 0, stream>>>(
-        (bf16 *)d_out, (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, N, K, ks);
-    return CUDA_TRY(cudaGetLastError());
+    return launch_gemv(GEMV_KERNELS[M - 1], d_out, d_x, d_W, d_bias, N, K, stream);
+}
+
+extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
+                                    cudaStream_t stream) {
+    if (linear_validate(M, N, K)) return -1;
+    if (M == 0) return 0;
+    if (!d_out || !d_gate_up || !d_W) return mv_error("linear_silu_mul_cuda: null pointer");
+    if (M > LINEAR_GEMV_MAX_M)
+        return mv_error("linear_silu_mul_cuda: M = %d tokens is more than the GEMV takes (%d); use "
+                        "silu_and_mul_cuda and linear_cuda", M, LINEAR_GEMV_MAX_M);
+    if (K % 8)
+        return mv_error("linear_silu_mul_cuda: K = %d is not a multiple of 8 (whole 16-byte vectors of gate and up)", K);
+    if (!mv_aligned(d_W, 16) || !mv_aligned(d_gate_up, 16))
+        return mv_error("linear_silu_mul_cuda: W (%p) and gate_up (%p) must be 16-byte aligned", (const void *)d_W,
+                        (const void *)d_gate_up);
+    return launch_gemv(GEMV_SILU_KERNELS[M - 1], d_out, d_gate_up, d_W, NULL, N, K, stream);
 }
 
 // ---- the dispatch ------------------------------------------------------------------------

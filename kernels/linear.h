@@ -79,6 +79,15 @@ int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 // The version linear_cuda runs for these arguments: LINEAR_GEMV or LINEAR_CUBLAS.
 int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
 
+// The MLP's down projection with SiluAndMul folded into the GEMV's input:
+// out [M, N] = SiluAndMul(gate_up [M, 2K]) @ W [N, K]^T, the same bits as
+// silu_and_mul_cuda(SILU_AND_MUL_FAST) into a [M, K] buffer followed by the
+// GEMV (version 2), without that buffer. M <= LINEAR_GEMV_MAX_M, K % 8 == 0,
+// gate_up and W 16-byte aligned; otherwise -1 with mv_error(). The CPU
+// reference is silu_and_mul_cpu() then linear_cpu().
+int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
+                         cudaStream_t stream);
+
 int add_bias_cuda(bf16_t *d_out, const bf16_t *d_bias, int M, int N, cudaStream_t stream);
 
 #ifdef __cplusplus

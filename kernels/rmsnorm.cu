@@ -184,6 +184,8 @@ __global__ void rmsnorm_heads_kernel_v2(bf16 *out, long long out_stride, const b
 template <int VEC, int CACHE, bool FUSED>
 __global__ void __launch_bounds__(1024)
 rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int hidden, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     using vec_t = bf16_vec<VEC>;
     const long long row = blockIdx.x;
     const int nvec = hidden / VEC;
@@ -411,7 +413,7 @@ static void launch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w, i
     int per_thread = T < 32 * mv_num_sms() ? 1 : CACHE_V3;
     int threads = ((nvec + per_thread - 1) / per_thread + 31) / 32 * 32;
     if (threads > 1024) threads = 1024;
-    rmsnorm_kernel_v3<VEC, CACHE_V3, FUSED><<<T, threads, 0, s>>>(out, res, x, w, hidden, eps);
+    mv_launch(rmsnorm_kernel_v3<VEC, CACHE_V3, FUSED>, dim3((unsigned)T), dim3(threads), 0, s, out, res, x, w, hidden, eps);
 }
 
 template <bool FUSED>

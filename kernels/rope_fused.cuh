@@ -40,6 +40,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "kernels/common.cuh"
 #include "kernels/rmsnorm.cuh"
 
 namespace rope_fused {
@@ -100,6 +101,8 @@ template <int VEC, int LANES, int TOK, int MINB, int COSSIN, int MATH>
 __global__ void __launch_bounds__(THREADS, MINB)
 kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions, const float *cos_sin,
        const float *inv_freq, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos, float eps) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     static_assert(VEC == 2 || VEC == 4 || VEC == 8, "VEC");
     using vec_t = pack<VEC>;
     using fvec_t = fvec<VEC>;
@@ -249,8 +252,8 @@ static inline void launch(bf16 *q, long long qs, bf16 *k, long long ks, const in
     dim3 grid, block;
     shape<LANES>(T, H, Hkv, &grid, &block, TOK);
     const size_t smem_bytes = COSSIN == 0 ? sizeof(float) * TOK * block.z * D : 0;
-    kernel<VEC, LANES, TOK, MINB, COSSIN, MATH><<<grid, block, smem_bytes, s>>>(q, qs, k, ks, pos, cs, inv_freq, qw,
-                                                                                 kw, T, H, max_pos, eps);
+    mv_launch(kernel<VEC, LANES, TOK, MINB, COSSIN, MATH>, grid, block, smem_bytes, s, q, qs, k, ks, pos, cs, inv_freq,
+              qw, kw, T, H, max_pos, eps);
 }
 
 }  // namespace rope_fused

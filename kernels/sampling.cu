@@ -562,6 +562,8 @@ __device__ void sample_plain_v2(int32_t *out, const float *x, int vocab, float T
 __global__ void __launch_bounds__(V2_THREADS, 2)
 sample_kernel_v2(int32_t *out, const float *logits, long long stride, int vocab, const float *temperature,
                  const int32_t *top_k, const float *top_p, const uint64_t *seed, const int64_t *gen_index) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     __shared__ unsigned long long cand[V2_CAP];  // the shortlists, then the candidates: packs, descending
     __shared__ unsigned long long scratch[32];
     __shared__ int count;
@@ -586,6 +588,8 @@ sample_kernel_v2(int32_t *out, const float *logits, long long stride, int vocab,
 
 
 __global__ void bf16_to_f32_kernel(float *out, const __nv_bfloat16 *in, long long n) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = __bfloat162float(in[i]);
 }
@@ -613,8 +617,8 @@ extern "C" int sample_tokens_cuda(int version, int32_t *d_out, const float *d_lo
                                                                     d_temperature, d_top_k, d_top_p, d_seed,
                                                                     d_gen_index);
     else
-        sample_kernel_v2<<<num_rows, V2_THREADS, 0, stream>>>(d_out, d_logits, logits_stride, vocab, d_temperature,
-                                                              d_top_k, d_top_p, d_seed, d_gen_index);
+        mv_launch(sample_kernel_v2, dim3((unsigned)num_rows), dim3(V2_THREADS), 0, stream, d_out, d_logits,
+                  logits_stride, vocab, d_temperature, d_top_k, d_top_p, d_seed, d_gen_index);
     return CUDA_TRY(cudaGetLastError());
 }
 
@@ -625,6 +629,6 @@ extern "C" int bf16_to_f32_cuda(float *d_out, const bf16_t *d_in, long long n, c
     long long blocks = (n + 255) / 256;
     const long long cap = 8LL * mv_num_sms();
     if (blocks > cap) blocks = cap;
-    bf16_to_f32_kernel<<<(unsigned)blocks, 256, 0, stream>>>(d_out, (const __nv_bfloat16 *)d_in, n);
+    mv_launch(bf16_to_f32_kernel, dim3((unsigned)blocks), dim3(256), 0, stream, d_out, (const __nv_bfloat16 *)d_in, n);
     return CUDA_TRY(cudaGetLastError());
 }

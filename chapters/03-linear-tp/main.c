@@ -20,6 +20,9 @@
  *   4. The GEMV on small odd shapes (M = 1..16, odd N, K from 8 to 16384,
  *      with and without bias), its refusals (K % 8 != 0, misaligned x or W,
  *      M > 16) with cuBLAS taking over, and linear_cuda's choice.
+ *   4b. The down projection with SiluAndMul folded into the GEMV
+ *      (linear_silu_mul_cuda): bit for bit the unfused pair, and against
+ *      the CPU; both again under programmatic dependent launch.
  *   5. Timing: TFLOP/s and GB/s of cuBLAS at M = 1, 8, 64, 256 decode
  *      tokens and 4096, 16384 prefill tokens; with 2+ GPUs also each rank's
  *      shard and the all-reduce of the hidden-size activations (time and bus
@@ -43,7 +46,9 @@
 #include "reference/linear.h"
 #if MV_HAVE_CUDA
 #include "common/tp_group.h"
+#include "kernels/activation.h"
 #include "kernels/linear.h"
+#include "kernels/pdl.h"
 #endif
 
 static const tolerance_t TOL_HAND = {1e-12, 1e-6, 1e-12,
@@ -661,6 +666,99 @@ static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rn
     free(x); free(w); free(b); free(y8); free(y1); free(y3); free(yn);
 }
 
+// ---- 4b. the down projection with SiluAndMul folded in, and PDL ----------------------------
+//
+// linear_silu_mul_cuda reads gate_up [M, 2K] and computes x = SiluAndMul
+// (gate_up) chunk by chunk as it streams W. It must give, bit for bit, what
+// silu_and_mul_cuda (the engine's version) into a [M, K] buffer followed by
+// the GEMV gives; and that against the CPU: linear_cpu over the activations
+// the GPU computed (chapter 01 checks those against silu_and_mul_cpu). Both
+// are then run again with programmatic dependent launch on (kernels/pdl.h),
+// the unfused pair launched back to back so that a GEMV that read x before
+// the SiluAndMul kernel had written it would see the poison left there.
+typedef struct {
+    int M, N, K;
+    const char *why;
+} silu_gemv_case_t;
+
+static const silu_gemv_case_t SILU_GEMV_CASES[] = {
+    {1, 1024, 3072, "Qwen3-0.6B down_proj, one decode token"},
+    {8, 1024, 3072, "down_proj at M = 8"},
+    {3, 77, 264, "odd N, 33 chunks"},
+    {16, 129, 1000, "the GEMV's largest M, a short last slab"},
+    {5, 301, 8200, "ks = 8 and a second batch"},
+};
+
+static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, const silu_gemv_case_t *c, int pdl) {
+    const int M = c->M, N = c->N, K = c->K;
+    const size_t ngu = (size_t)M * 2 * K, na = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    bf16_t *gu = malloc(ngu * sizeof(bf16_t)), *w = malloc(nw * sizeof(bf16_t)), *act = malloc(na * sizeof(bf16_t));
+    bf16_t *y_fused = malloc((ny + Y_GUARD) * sizeof(bf16_t)), *y_plain = malloc(ny * sizeof(bf16_t));
+    float *actf = malloc(na * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    if (!gu || !w || !act || !y_fused || !y_plain || !actf || !ref)
+        mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_bf16(rng, gu, ngu, 0, 2);
+    fill_uniform_bf16(rng, w, nw, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+    bf16_t *d_gu = gpu_alloc(ngu * sizeof(bf16_t)), *d_w = gpu_alloc(nw * sizeof(bf16_t));
+    bf16_t *d_act = gpu_alloc(na * sizeof(bf16_t)), *d_yf = gpu_alloc((ny + Y_GUARD) * sizeof(bf16_t));
+    bf16_t *d_yp = gpu_alloc(ny * sizeof(bf16_t));
+    gpu_upload(d_gu, gu, ngu * sizeof(bf16_t));
+    gpu_upload(d_w, w, nw * sizeof(bf16_t));
+    gpu_poison(d_act, na * sizeof(bf16_t));
+    gpu_poison(d_yf, (ny + Y_GUARD) * sizeof(bf16_t));
+    gpu_poison(d_yp, ny * sizeof(bf16_t));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (pdl) MV_CHECK(mv_pdl_set(1));
+    const int rc_fused = linear_silu_mul_cuda(d_yf, d_gu, d_w, M, N, K, 0);
+    const int rc_plain = silu_and_mul_cuda(SILU_AND_MUL_FAST, d_act, d_gu, M, K, 0) ||
+                         linear_cuda_version(LINEAR_GEMV, handle, d_yp, d_act, d_w, NULL, M, N, K, 0);
+    if (pdl) MV_CHECK(mv_pdl_set(0));
+    char shape[160], detail[320], label[64];
+    snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s: %s", M, N, K, pdl ? " (PDL on)" : "", c->why);
+    snprintf(label, sizeof label, "v2-gemv + silu_and_mul%s", pdl ? ", PDL" : "");
+    if (rc_fused || rc_plain) {
+        snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
+        harness_check_bool(h, "gpu", "silu-gemv", label, 0, detail);
+    } else {
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_download(y_fused, d_yf, (ny + Y_GUARD) * sizeof(bf16_t));
+        gpu_download(y_plain, d_yp, ny * sizeof(bf16_t));
+        gpu_download(act, d_act, na * sizeof(bf16_t));
+        bf16_to_float_array(actf, act, na);
+        MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
+        double ss = 0;
+        for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
+        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), LINEAR_GEMV);
+        harness_check(h, "gpu", "silu-gemv", label, shape, compare_bf16(label, y_fused, ref, ny, tol, 0), tol);
+        const int same = !any_poison(y_plain, ny) && !memcmp(y_fused, y_plain, ny * sizeof(bf16_t));
+        snprintf(detail, sizeof detail, "%s: linear_silu_mul_cuda against silu_and_mul_cuda + the GEMV: %s", shape,
+                 same ? "identical" : "DIFFER");
+        harness_check_bool(h, "gpu", "silu-gemv", "fused = unfused, bit for bit", same, detail);
+        snprintf(detail, sizeof detail, "%s: the %d bf16 after y %s", shape, Y_GUARD,
+                 guard_intact(y_fused + ny, Y_GUARD) ? "untouched" : "written (an overrun)");
+        harness_check_bool(h, "gpu", "silu-gemv", "no store past y", guard_intact(y_fused + ny, Y_GUARD), detail);
+    }
+    gpu_free(d_gu); gpu_free(d_w); gpu_free(d_act); gpu_free(d_yf); gpu_free(d_yp);
+    free(gu); free(w); free(act); free(y_fused); free(y_plain); free(actf); free(ref);
+}
+
+// What linear_silu_mul_cuda refuses, naming the value.
+static void check_silu_gemv_refusals(harness_t *h) {
+    const struct {
+        int M, N, K;
+        const char *named;
+    } bad[] = {{17, 64, 256, "M = 17"}, {2, 64, 100, "K = 100"}, {1, 0, 64, "N"}};
+    bf16_t *d_a = gpu_alloc(4096 * sizeof(bf16_t)), *d_b = gpu_alloc(4096 * sizeof(bf16_t));
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int rc = linear_silu_mul_cuda(d_a, d_b, d_b, bad[i].M, bad[i].N, bad[i].K, 0);
+        char detail[256];
+        snprintf(detail, sizeof detail, "M=%d N=%d K=%d: %s", bad[i].M, bad[i].N, bad[i].K,
+                 rc ? mv_last_error() : "accepted (wrong)");
+        harness_check_bool(h, "gpu", "silu-gemv", "refuses", rc != 0 && strstr(mv_last_error(), bad[i].named), detail);
+    }
+    gpu_free(d_a); gpu_free(d_b);
+}
+
 typedef struct {
     cublasHandle_t handle;
     int version;
@@ -872,6 +970,13 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof SMALL_M_CASES / sizeof SMALL_M_CASES[0]; i++)
             check_small_m(&h, handle, &rng, &SMALL_M_CASES[i]);
         check_gemv_invariance(&h, handle, &rng);
+
+        harness_section(&h, "GPU: the down projection with SiluAndMul folded into the GEMV, with and without "
+                            "programmatic dependent launch");
+        for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
+            for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
+                check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl);
+        check_silu_gemv_refusals(&h);
         if (h.do_timing) {
             int big_M[] = {4096, 16384};
             for (size_t i = 0; i < 4; i++)

@@ -409,17 +409,23 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
     // pieces with max_context_len an upper bound (what a CUDA graph passes).
     run_t r = {RUN_DECODE, 1, 0, d.max_ctx, &d};
     check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+    // Version 3 the same, and with the bound of a decode graph (pieces cut
+    // from each sequence's own context: the bound must change nothing).
     const int splits[3] = {1, 3, 0};
-    for (int i = 0; i < 3; i++) {
-        r = (run_t){RUN_DECODE, 2, splits[i], d.max_ctx, &d};
+    for (int v = 2; v <= 3; v++) {
+        for (int i = 0; i < 3; i++) {
+            r = (run_t){RUN_DECODE, v, splits[i], d.max_ctx, &d};
+            check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+        }
+        r = (run_t){RUN_DECODE, v, 3, d.max_ctx + 1000, &d};
         check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+        if (big) {  // many pieces on a long context
+            r = (run_t){RUN_DECODE, v, ATTN_DECODE_MAX_SPLITS, d.max_ctx, &d};
+            check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+        }
     }
-    r = (run_t){RUN_DECODE, 2, 3, d.max_ctx + 1000, &d};
+    r = (run_t){RUN_DECODE, 3, 16, 4096 > d.max_ctx ? 4096 : d.max_ctx, &d};
     check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
-    if (big) {  // many pieces on a long context
-        r = (run_t){RUN_DECODE, 2, ATTN_DECODE_MAX_SPLITS, d.max_ctx, &d};
-        check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
-    }
     dcase_free(&d);
     free(ref); free(ref_dec); free(q_dec);
 }
@@ -615,6 +621,18 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_
                  i == 0 ? auto_splits : 1, (i == 0 ? auto_splits : 1) > 1 ? "s" : "");
         harness_timing(h, case_name, label, shape, time_run(h, &runs[i], 50), bytes, 0, i == 0 ? target_pct : 0);
     }
+    // As a decode CUDA graph launches it: max_context_len = the engine's
+    // max_model_len (4096 here, or the context when longer), and the pieces
+    // that bound gives. Version 2 cuts them from the bound, version 3 from
+    // each sequence's context.
+    const int bound = ctx > 4096 ? ctx : 4096, graph_splits = attention_decode_num_splits(S, Hkv, bound, bs);
+    for (int v = 2; v <= 3; v++) {
+        run_t rg = {RUN_DECODE, v, graph_splits, bound, &d};
+        check_run(h, case_name, &rg, ref, tol, shape, 0);
+        snprintf(label, sizeof label, "%s, %d split%s, bound %d", attention_decode_version_name(v), graph_splits,
+                 graph_splits > 1 ? "s" : "", bound);
+        harness_timing(h, case_name, label, shape, time_run(h, &rg, 50), bytes, 0, 0);
+    }
     free(ref);
     dcase_free(&d);
 }
@@ -697,6 +715,7 @@ int main(int argc, char **argv) {
             harness_section(&h, "Decode at Qwen3-0.6B's heads (16 q, 8 kv, D 128): GB/s of K and V read");
             time_decode(&h, &rng, 256, 1024, 75.0);
             time_decode(&h, &rng, 1, 1024, 0);
+            time_decode(&h, &rng, 1, 640, 0);
             time_decode(&h, &rng, 1, 16384, 0);
             time_decode(&h, &rng, 64, 4096, 0);
             harness_section(&h, "Prefill, causal, Qwen3-0.6B's heads: TFLOP/s of 4*D*H*(causal pairs)");

@@ -77,6 +77,7 @@
 #include "kernels/embedding.h"
 #include "kernels/kv_store.h"
 #include "kernels/linear.h"
+#include "kernels/pdl.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sampling.h"
@@ -157,6 +158,13 @@ typedef struct {
     int num_sizes;                    // captured sizes, increasing
     int sizes[DECODE_MAX_SIZES];
     cudaGraphExec_t graphs[DECODE_MAX_SIZES];  // NULL with enforce_eager
+    // 1 while the decode graphs are warmed up and captured: the layers take
+    // the fused kernels (the MLP's SiluAndMul inside the down projection's
+    // GEMV) and every launch carries programmatic dependent launch
+    // (kernels/pdl.h) where the GPU has it. 0 otherwise: prefill, mixed
+    // steps and enforce_eager run the plain kernels, which compute the same
+    // bits (build/engine_check compares graphs with eager).
+    int fast_decode;
 } cuda_state_t;
 
 static double now_seconds(void) {
@@ -522,8 +530,14 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, cl->d_o_bias, T, H, qn, st)) return -1;
 
     if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, cl->d_post_norm, T, H, eps, st) ||
-        linear_cuda(s->cublas, s->d_gate_up, s->d_hidden, cl->d_gate_up, NULL, T, s->layout.gate_up.rows, H, st) ||
-        silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
+        linear_cuda(s->cublas, s->d_gate_up, s->d_hidden, cl->d_gate_up, NULL, T, s->layout.gate_up.rows, H, st))
+        return -1;
+    // The graphs' decode steps fold SiluAndMul into the down projection's
+    // GEMV where linear_cuda would run the GEMV anyway: one launch and one
+    // [T, I] round trip less, the same bits.
+    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) == LINEAR_GEMV)
+        return linear_silu_mul_cuda(s->d_x, s->d_gate_up, cl->d_down, T, H, I, st);
+    if (silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
         linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st))
         return -1;
     return 0;
@@ -700,7 +714,18 @@ static int run_decode(model_runner_t *r, const runner_step_t *in, const runner_s
 // Capture one graph per decode size (at creation, after the KV cache is
 // allocated). Each size first runs once outside capture, so cuBLAS picks its
 // kernels and every module is loaded before capture begins.
+static int capture_decode_graphs_fast(model_runner_t *r);
 static int capture_decode_graphs(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    s->fast_decode = 1;
+    if (mv_pdl_supported() && mv_pdl_set(1)) return -1;
+    const int rc = capture_decode_graphs_fast(r);
+    s->fast_decode = 0;
+    mv_pdl_set(0);
+    return rc;
+}
+
+static int capture_decode_graphs_fast(model_runner_t *r) {
     cuda_state_t *s = r->state;
     size_t free0 = 0, free1 = 0, total = 0;
     if (CUDA_TRY(cudaDeviceSynchronize()) || CUDA_TRY(cudaMemGetInfo(&free0, &total))) return -1;
