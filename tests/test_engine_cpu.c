@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -863,10 +864,51 @@ Test(generate_cli, logits_out_writes_the_first_step_logits_as_npy) {
     golden_free(&g);
 }
 
-// Text prompts: the tiny tied checkpoint with the real Qwen3 tokenizer beside
-// it (symlinks in a temporary directory). Byte-level BPE gives short ASCII
-// texts ids below 512, inside the tiny vocabulary; the chat template's
-// <|im_start|> (151644) is not, and is refused by name.
+// The real Qwen3 tokenizer cut down to the tiny model's 512 ids: its vocab
+// entries below 512, the merges among them, no added tokens. Written to
+// dir/tokenizer.json with a tokenizer_config.json that names no eos.
+static void write_cut_tokenizer(const char *qwen, const char *dir, int keep) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer.json", qwen);
+    char *text = read_text(path);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    cr_assert_not_null(root, "%s is not JSON", path);
+    cJSON *model = cJSON_GetObjectItem(root, "model"), *vocab = cJSON_GetObjectItem(model, "vocab");
+    cJSON *kept = cJSON_CreateObject(), *merges = cJSON_CreateArray();
+    for (cJSON *v = vocab->child; v; v = v->next)
+        if (v->valuedouble < keep) cJSON_AddNumberToObject(kept, v->string, v->valuedouble);
+    for (cJSON *m = cJSON_GetObjectItem(model, "merges")->child; m; m = m->next) {
+        char a[256], b[256], ab[512];
+        if (cJSON_IsString(m)) {
+            if (sscanf(m->valuestring, "%255s %255s", a, b) != 2) continue;
+        } else {
+            snprintf(a, sizeof a, "%s", m->child->valuestring);
+            snprintf(b, sizeof b, "%s", m->child->next->valuestring);
+        }
+        snprintf(ab, sizeof ab, "%s%s", a, b);
+        if (cJSON_GetObjectItemCaseSensitive(kept, a) && cJSON_GetObjectItemCaseSensitive(kept, b) &&
+            cJSON_GetObjectItemCaseSensitive(kept, ab))
+            cJSON_AddItemToArray(merges, cJSON_Duplicate(m, 1));
+    }
+    cJSON_ReplaceItemInObject(model, "vocab", kept);
+    cJSON_ReplaceItemInObject(model, "merges", merges);
+    cJSON_ReplaceItemInObject(root, "added_tokens", cJSON_CreateArray());
+    char *out = cJSON_PrintUnformatted(root);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    write_file(path, out);
+    free(out);
+    cJSON_Delete(root);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    write_file(path, "{\"eos_token\": null}");
+}
+
+// Text prompts: the tiny tied checkpoint with a tokenizer beside it
+// (symlinks in a temporary directory). The real Qwen3 tokenizer has 151,669
+// ids, more than the tiny model's 512 rows: refused at load, by name. Cut
+// down to 512 ids (byte-level BPE gives short ASCII texts ids below 512) it
+// runs; and sampled ids the cut tokenizer does not know (it has fewer than
+// 512: padding rows) decode to no text, counted on stderr, failing nothing.
 Test(generate_cli, text_prompts_with_a_tokenizer) {
     const char *qwen = qwen3_dir_or_skip("generate with a tokenizer");
     char dir[128], cmd[2048], out[16384], path[256];
@@ -876,29 +918,39 @@ Test(generate_cli, text_prompts_with_a_tokenizer) {
              "%s/$f; done && for f in tokenizer.json tokenizer_config.json; do ln -sf \"%s/$f\" %s/$f; done",
              dir, MODELS[0], dir, qwen, dir);
     cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --prompt 'a' 2>&1", MV_BUILD_DIR, dir);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "tokenizer.json has 151669 ids, more than config.json's vocab_size 512"), "%s", out);
+
+    snprintf(cmd, sizeof cmd, "rm -f %s/tokenizer.json %s/tokenizer_config.json", dir, dir);
+    run_command(cmd, out, sizeof out);
+    write_cut_tokenizer(qwen, dir, 400);
     snprintf(path, sizeof path, "%s/out.jsonl", dir);
     snprintf(cmd, sizeof cmd,
-             "./%s/minivllm generate --model %s --prompt '1+1=' --prompt 'a' --temperature 0 --max-tokens 6 "
+             "./%s/minivllm generate --model %s --prompt '1+1=' --prompt 'a' --temperature 0 --max-tokens 12 "
              "--ignore-eos --output %s 2>&1",
              MV_BUILD_DIR, dir, path);
     cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
     FILE *f = fopen(path, "r");
     cr_assert_not_null(f);
     char line[8192];
-    int n = 0;
+    int n = 0, unknown = 0;
     while (fgets(line, sizeof line, f)) {
         cJSON *o = cJSON_Parse(line);
         cr_assert_not_null(o);
         int32_t ids[MAX_IDS];
         int k = ids_from_json(cJSON_GetObjectItem(o, "token_ids"), ids, MAX_IDS);
-        cr_expect_eq(k, 6);
-        // The text is the tokenizer's decoding of the ids (special tokens skipped).
+        cr_expect_eq(k, 12);
+        // The text is the tokenizer's decoding of the ids it knows (special tokens skipped).
         char list[1024] = "", *p = list;
-        for (int i = 0; i < k; i++) p += snprintf(p, sizeof list - (size_t)(p - list), i ? ",%d" : "%d", ids[i]);
-        snprintf(cmd, sizeof cmd, "./%s/minivllm detokenize --model %s --ids %s --skip-special --json", MV_BUILD_DIR,
+        for (int i = 0; i < k; i++) {
+            unknown += ids[i] >= 400;
+            if (ids[i] < 400) p += snprintf(p, sizeof list - (size_t)(p - list), p > list ? ",%d" : "%d", ids[i]);
+        }
+        char want[4096] = "\"\"";
+        snprintf(cmd, sizeof cmd, "./%s/minivllm detokenize --model %s --ids '%s' --skip-special --json", MV_BUILD_DIR,
                  dir, list);
-        char want[4096];
-        cr_assert_eq(run_command(cmd, want, sizeof want), 0, "%s", want);
+        if (list[0]) cr_assert_eq(run_command(cmd, want, sizeof want), 0, "%s", want);
         cJSON *w = cJSON_Parse(want);
         cr_assert(cJSON_IsString(w), "%s", want);
         cr_expect_str_eq(cJSON_GetObjectItem(o, "text")->valuestring, w->valuestring);
@@ -908,9 +960,185 @@ Test(generate_cli, text_prompts_with_a_tokenizer) {
     }
     fclose(f);
     cr_expect_eq(n, 2);
-    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --chat --prompt 'a' 2>&1", MV_BUILD_DIR, dir);
-    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
-    cr_expect(strstr(out, "--prompt #1") && strstr(out, "151644"), "%s", out);
+    cr_expect_gt(unknown, 0, "test setup: no generated id was past the cut tokenizer's 400 ids");
+    char note[128];
+    snprintf(note, sizeof note, "%d generated ids are padding rows the tokenizer does not know", unknown);
+    cr_expect(strstr(out, note), "%s", out);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     run_command(cmd, out, sizeof out);
+}
+
+// ---- one request never sinks the others; results as they finish ----------------------------
+
+// The memory estimate made before loading is what the CPU runner then
+// allocates, buffer for buffer (a load refused or let through on it must
+// be refused or let through for the right amount).
+Test(engine_memory, estimate_is_what_the_cpu_runner_allocates) {
+    for (int m = 0; m < N_MODELS; m++) {
+        engine_t *e = make_engine(MODELS[m], 3, 40, 8, 50, 1);
+        engine_memory_t mem;
+        cr_assert_eq(engine_memory_estimate(&e->cfg, &e->model, &mem), 0, "%s", mv_last_error());
+        cr_expect_eq(mem.runner.weight_bytes, e->runner->weight_bytes, "%s: weights", MODELS[m]);
+        cr_expect_eq(mem.runner.kv_cache_bytes, e->runner->kv_cache_bytes, "%s: KV cache", MODELS[m]);
+        cr_expect_eq(mem.runner.scratch_bytes, e->runner->scratch_bytes, "%s: scratch", MODELS[m]);
+        cr_expect_gt(mem.host_bytes, e->runner->weight_bytes + e->runner->kv_cache_bytes + e->runner->scratch_bytes);
+        size_t avail = 0;
+        cr_expect_eq(host_memory_available(&avail), 0, "%s", mv_last_error());
+        cr_expect_gt(avail, 0);
+        cr_expect_leq(mem.host_min_bytes, mem.host_bytes);
+        // More than any machine has: refused, naming both byte counts.
+        mem.host_min_bytes = (size_t)1 << 62;
+        cr_expect_eq(engine_memory_check(&mem, &e->cfg), -1);
+        char need[64];
+        snprintf(need, sizeof need, "needs at least %zu bytes", mem.host_min_bytes);
+        cr_expect(strstr(mv_last_error(), need) && strstr(mv_last_error(), "are available"), "%s", mv_last_error());
+        engine_free(e);
+    }
+}
+
+// tests/data/tiny-qwen3-untied with embedding row 100 set to NaN (bf16
+// 0x7fc0), in a temporary directory made once per test process: a prompt
+// holding id 100 gets logits with no finite value, the others are as on the
+// real model (untied: the LM head does not read the poisoned row).
+static const char *poisoned_model_dir(void) {
+    static char dir[128];
+    if (dir[0]) return dir;
+    snprintf(dir, sizeof dir, "/tmp/mv-test-nan-%d", (int)getpid());
+    char cmd[512], out[256], path[256];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/generation_config.json %s/", dir, MODELS[1],
+             MODELS[1], dir);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    snprintf(path, sizeof path, "%s/model.safetensors", MODELS[1]);
+    st_model_t *m;
+    cr_assert_eq(st_open_file(path, &m), 0, "%s", mv_last_error());
+    const st_tensor_t *t = st_find(m, "model.embed_tokens.weight");
+    cr_assert_not_null(t);
+    size_t size = m->files[0].size, at = (size_t)((const uint8_t *)t->data - m->files[0].data);
+    uint8_t *bytes = malloc(size);
+    cr_assert_not_null(bytes);
+    memcpy(bytes, m->files[0].data, size);
+    for (int64_t k = 0; k < t->shape[1]; k++) {
+        bytes[at + 2 * (size_t)(100 * t->shape[1] + k)] = 0xc0;
+        bytes[at + 2 * (size_t)(100 * t->shape[1] + k) + 1] = 0x7f;
+    }
+    st_close(m);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(bytes, 1, size, f), size);
+    fclose(f);
+    free(bytes);
+    return dir;
+}
+
+// A backend that samples "on its device": the CPU step, sampled greedily
+// on the host, except that every row of request `poison` reports the GPU
+// sampler's answer for logits with no finite value.
+static int fake_poison_prompt0 = -1;
+static int fake_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                            int32_t *sampled, float *logits) {
+    const int V = r->cfg.vocab_size;
+    float *own = logits ? logits : malloc((size_t)in->num_sample * (size_t)V * sizeof(float));
+    if (!own || RUNNER_BACKEND_CPU.step(r, in, own)) return -1;
+    for (int k = 0; k < in->num_sample; k++) {
+        sampled[k] = sampling_argmax_cpu(own + (size_t)k * V, V);
+        // The tests give the poisoned request a first prompt token no other request has.
+        int t = in->sample_token_index[k];
+        int row = 0;
+        while (in->cu_seqlens_q[row + 1] <= t) row++;
+        (void)sp;
+        if (in->input_ids[in->cu_seqlens_q[row]] == fake_poison_prompt0 && in->positions[in->cu_seqlens_q[row]] == 0)
+            sampled[k] = RUNNER_ROW_FAILED;
+    }
+    if (!logits) free(own);
+    return 0;
+}
+
+typedef struct {
+    int order[MAX_CASES], n;
+    int stop_after;                    // set *stop after this many finished (0: never)
+    volatile sig_atomic_t *stop;
+} finished_log_t;
+
+static int log_finished(void *ctx, int i, const engine_output_t *o) {
+    finished_log_t *l = ctx;
+    cr_expect(o->done, "request %d handed over before it was done", i);
+    l->order[l->n++] = i;
+    if (l->stop_after && l->n == l->stop_after) *l->stop = SIGINT;
+    return 0;
+}
+
+// Requests [7, 8], [100, 5, 6] (the poisoned one, failing at its first
+// token), [9]: on the host sampler (NaN logits: the untied model's
+// embedding row 100 made NaN) and on a device sampler (RUNNER_ROW_FAILED),
+// the poisoned request ends with an error and the others as they would alone.
+Test(engine_isolation, a_failing_request_ends_alone_on_both_sampling_paths) {
+    static const int32_t p0[] = {7, 8}, p1[] = {100, 5, 6}, p2[] = {9};
+    sampling_params_t greedy = {0.0f, 0, 1.0f, 6, 1};
+    engine_request_t reqs[3] = {{p0, 2, greedy, 0}, {p1, 3, greedy, 1}, {p2, 1, greedy, 2}};
+    // The reference: each healthy request alone on a healthy model.
+    engine_t *e = make_engine(MODELS[1], 4, 64, 8, 64, 1);
+    engine_output_t alone[3] = {{0}};
+    for (int i = 0; i < 3; i += 2) cr_assert_eq(engine_generate(e, &reqs[i], 1, &alone[i], NULL, NULL), 0);
+    // Device path: a backend whose sampler fails request 1's rows.
+    runner_backend_t fake = *e->runner->backend;
+    fake.step_sample = fake_step_sample;
+    const runner_backend_t *real = e->runner->backend;
+    e->runner->backend = &fake;
+    fake_poison_prompt0 = 100;
+    for (int path = 0; path < 2; path++) {
+        engine_output_t outs[3];
+        finished_log_t log = {.n = 0};
+        engine_hooks_t hooks = {.on_finished = log_finished, .ctx = &log};
+        cr_assert_eq(engine_run(e, reqs, 3, outs, &hooks), 0, "path %d: %s", path, mv_last_error());
+        cr_expect_eq(e->num_failed, 1, "path %d", path);
+        cr_expect_eq(e->num_finished, 3);
+        cr_expect_eq(log.n, 3, "on_finished once per request");
+        cr_expect_not_null(outs[1].error, "path %d: the poisoned request has no error", path);
+        cr_expect_str_eq(engine_output_finish_reason(&outs[1]), "error");
+        cr_expect_eq(outs[1].num_tokens, 0, "the placeholder token must not be in the output");
+        if (outs[1].error) cr_expect(strstr(outs[1].error, "no finite"), "%s", outs[1].error);
+        for (int i = 0; i < 3; i += 2) {
+            cr_expect_null(outs[i].error);
+            cr_expect_eq(outs[i].num_tokens, alone[i].num_tokens);
+            cr_expect_eq(memcmp(outs[i].token_ids, alone[i].token_ids, (size_t)alone[i].num_tokens * 4), 0,
+                         "path %d: request %d differs from its run alone", path, i);
+        }
+        engine_outputs_free(outs, 3);
+        if (path == 0) {
+            // Host path: the real CPU backend on a copy of the model whose embedding row 100 is NaN.
+            e->runner->backend = real;
+            engine_free(e);
+            e = make_engine(poisoned_model_dir(), 4, 64, 8, 64, 1);
+        }
+    }
+    engine_outputs_free(alone, 3);
+    engine_free(e);
+    char cmd[256], out[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", poisoned_model_dir());
+    run_command(cmd, out, sizeof out);
+}
+
+// engine_run hands each output over once, as it finishes (shorter first);
+// the stop flag stops it between steps, keeping what had finished.
+Test(engine_isolation, finish_order_and_stop) {
+    static const int32_t p[] = {7, 8, 9};
+    engine_request_t reqs[3];
+    for (int i = 0; i < 3; i++) reqs[i] = (engine_request_t){p, 3, {0.0f, 0, 1.0f, 12 - 4 * i, 1}, (uint64_t)i};
+    engine_t *e = make_engine(MODELS[0], 4, 64, 8, 64, 1);
+    engine_output_t outs[3];
+    volatile sig_atomic_t stop = 0;
+    finished_log_t log = {.n = 0, .stop_after = 0, .stop = &stop};
+    engine_hooks_t hooks = {.on_finished = log_finished, .stop = &stop, .ctx = &log};
+    cr_assert_eq(engine_run(e, reqs, 3, outs, &hooks), 0, "%s", mv_last_error());
+    cr_expect(log.n == 3 && log.order[0] == 2 && log.order[1] == 1 && log.order[2] == 0, "finish order %d %d %d",
+              log.order[0], log.order[1], log.order[2]);
+    engine_outputs_free(outs, 3);
+    log = (finished_log_t){.n = 0, .stop_after = 1, .stop = &stop};
+    cr_assert_eq(engine_run(e, reqs, 3, outs, &hooks), ENGINE_STOPPED, "%s", mv_last_error());
+    cr_expect(e->stopped && e->num_finished == 1 && outs[2].done && !outs[0].done && !outs[1].done);
+    cr_expect_eq(outs[2].num_tokens, 4);
+    cr_expect_lt(e->num_steps, 6, "it ran on after the stop: %lld steps", e->num_steps);
+    engine_outputs_free(outs, 3);
+    engine_free(e);
 }

@@ -945,6 +945,100 @@ Test(weights, tensor_in_the_wrong_shard_or_unlisted_or_twice) {
     expect_bad_index("listed twice", "model.safetensors.index.json", ts.e[3].name, "twice");
 }
 
+// ---- sanitizer findings and strict JSON ------------------------------------------------------------
+
+// A header of no tensors, exactly "\x02\0\0\0\0\0\0\0{}": a legal empty
+// file, which used to reach qsort(NULL, 0) and arithmetic on a NULL pointer
+// (UBSan aborts on those in the SANITIZE=1 build). Now an empty model, and
+// binding it names the first missing tensor.
+Test(weights, zero_tensors_header) {
+    char path[256];
+    path_of(path, sizeof path, "model.safetensors");
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    fwrite("\x02\0\0\0\0\0\0\0{}", 1, 10, f);
+    fclose(f);
+    st_model_t *m = NULL;
+    cr_assert_eq(st_open_file(path, &m), 0, "%s", mv_last_error());
+    cr_expect_eq(m->n_tensors, 0);
+    cr_expect_null(st_find(m, "model.norm.weight"));
+    st_close(m);
+    write_config(NULL, NULL);
+    qwen3_config_t c;
+    qwen3_weights_t w;
+    cr_expect_eq(load_all(&c, &m, &w), -1);
+    EXPECT_ERROR("no tensors", "model.embed_tokens.weight", "missing");
+    // And with bytes after "{}" that belong to no tensor.
+    f = fopen(path, "ab");
+    fputc(0, f);
+    fclose(f);
+    cr_expect_eq(st_open_file(path, &m), -1);
+    EXPECT_ERROR("no tensors, one byte", "1 bytes after the last tensor");
+}
+
+// A key twice: Python, vLLM and Hugging Face take the last, cJSON the
+// first. Either guess can bind the wrong value, so it is refused, naming
+// the key; so is a NUL inside a string (cJSON would cut it there).
+Test(config, duplicate_keys_and_nul_refused) {
+    write_tiny_model();
+    char path[256];
+    path_of(path, sizeof path, "config.json");
+    char *cfg = NULL;
+    {
+        cJSON *c = cJSON_Parse(TINY_CONFIG);
+        cfg = cJSON_PrintUnformatted(c);
+        cJSON_Delete(c);
+    }
+    char text[2048];
+    // The tail "}" replaced by a second vocab_size.
+    snprintf(text, sizeof text, "%.*s,\"vocab_size\":32}", (int)strlen(cfg) - 1, cfg);
+    write_text("config.json", text);
+    qwen3_config_t c;
+    cr_expect_eq(qwen3_config_load(tmp_dir, &c), -1);
+    EXPECT_ERROR("vocab_size twice", "config.json", "key \"vocab_size\" appears twice (in the top-level object)");
+    snprintf(text, sizeof text, "%.*s,\"rope_parameters\":{\"rope_theta\":1,\"rope_theta\":2}}",
+             (int)strlen(cfg) - 1, cfg);
+    write_text("config.json", text);
+    cr_expect_eq(qwen3_config_load(tmp_dir, &c), -1);
+    EXPECT_ERROR("a nested key twice", "key \"rope_theta\" appears twice (in rope_parameters)");
+    char *at = strstr(cfg, "\"Qwen3ForCausalLM\"");
+    cr_assert_not_null(at);
+    snprintf(text, sizeof text, "%.*s\"Qwen3ForCausalLM\\u0000x\"%s", (int)(at - cfg), cfg, at + 18);
+    write_text("config.json", text);
+    cr_expect_eq(qwen3_config_load(tmp_dir, &c), -1);
+    EXPECT_ERROR("a NUL", "config.json", "architectures[0] holds a NUL character");
+    free(cfg);
+    // In a safetensors header: a tensor listed twice.
+    write_config(NULL, NULL);
+    tensors_t ts;
+    tiny_tensors(&ts, "BF16", 0);
+    write_st("model.safetensors", &ts, NULL);
+    st_model_t *m;
+    cr_assert_eq(st_open(tmp_dir, &m), 0, "%s", mv_last_error());
+    st_close(m);
+    path_of(path, sizeof path, "model.safetensors");
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f);
+    uint64_t hlen;
+    cr_assert_eq(fread(&hlen, 8, 1, f), 1u);
+    char *h = calloc(1, hlen + 1);
+    cr_assert_eq(fread(h, 1, hlen, f), hlen);
+    // Rename the second tensor to the first's name: the name written over
+    // the longer one, the rest spaces (JSON allows them before the colon).
+    char *first = strstr(h, "\"model.embed_tokens.weight\"");
+    char *second = strstr(h, "\"model.layers.0.input_layernorm.weight\"");
+    cr_assert(first && second);
+    const char *dup = "\"model.embed_tokens.weight\"";
+    memcpy(second, dup, strlen(dup));
+    memset(second + strlen(dup), ' ', strlen("\"model.layers.0.input_layernorm.weight\"") - strlen(dup));
+    cr_assert_eq(fseek(f, 8, SEEK_SET), 0);
+    fwrite(h, 1, hlen, f);
+    fclose(f);
+    free(h);
+    cr_expect_eq(st_open(tmp_dir, &m), -1);
+    EXPECT_ERROR("tensor twice", "model.safetensors: header", "key \"model.embed_tokens.weight\" appears twice");
+}
+
 // ---- minivllm inspect ------------------------------------------------------------------------------
 
 // Run build/minivllm with the arguments; its exit status, stdout and stderr in out.

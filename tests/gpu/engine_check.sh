@@ -54,7 +54,7 @@ echo "=================== minivllm generate, tiny-qwen3-mha, cuda vs cpu"
 model=tests/data/tiny-qwen3-mha
 for dev in cuda cpu; do
   CUDA_VISIBLE_DEVICES=0 ./build/minivllm generate --model $model --device $dev \
-    --input chapters/09-engine/demo.jsonl --output "$OUT/generate.$dev.jsonl" --max-num-seqs 8 || status=1
+    --input chapters/09-engine/demo.jsonl --output "$OUT/generate.$dev.jsonl" --ordered --max-num-seqs 8 || status=1
 done
 paste -d'\n' "$OUT/generate.cuda.jsonl" "$OUT/generate.cpu.jsonl" | sed 's/^/  /'
 

@@ -6,11 +6,15 @@
 #include "chapters/09-engine/cli/cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "chapters/09-engine/model/mapped_file.h"
 #include "common/check.h"
 
 int cli_error(const char *cmd, int status, const char *fmt, ...) {
@@ -178,6 +182,24 @@ void cli_print_json_string(FILE *f, const char *s, size_t n) {
     fputs("\"\n", f);
 }
 
+int cli_json_string_append(tok_bytes_t *b, const char *s, size_t n) {
+    if (tok_bytes_append(b, "\"", 1)) return -1;
+    size_t run = 0;  // s[run..i) needs no escape
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else snprintf(esc, sizeof esc, "\\u%04x", c);
+        if (tok_bytes_append(b, s + run, i - run) || tok_bytes_append(b, esc, strlen(esc))) return -1;
+        run = i + 1;
+    }
+    return tok_bytes_append(b, s + run, n - run) || tok_bytes_append(b, "\"", 1) ? -1 : 0;
+}
+
 int cli_for_each_line(const char *path, cli_line_fn fn, void *ctx) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) return mv_error("cannot open %s: %s", path, strerror(errno));
@@ -186,12 +208,186 @@ int cli_for_each_line(const char *path, cli_line_fn fn, void *ctx) {
     ssize_t n;
     long line_no = 0;
     int rc = 0;
+    errno = 0;
     while (!rc && (n = getline(&line, &cap, f)) >= 0) {
         line_no++;
+        // getline counts NUL bytes in the length; every parser after it would stop at the first.
+        const char *nul = memchr(line, '\0', (size_t)n);
+        if (nul) {
+            rc = mv_error("%s:%ld: a NUL byte at column %ld: a line holding NUL bytes is refused (is this a "
+                          "text file?)",
+                          path, line_no, (long)(nul - line) + 1);
+            break;
+        }
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
         rc = fn(line, (size_t)n, line_no, ctx);
+        errno = 0;
     }
+    // getline returns -1 at the end of the file and on a read error alike.
+    if (!rc && ferror(f))
+        rc = mv_error("cannot read %s after line %ld: %s", path, line_no, strerror(errno ? errno : EIO));
     free(line);
     if (f != stdin) fclose(f);
     return rc;
+}
+
+cJSON *cli_parse_json_line(const char *line, size_t len) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(line, len, &end, 0);
+    if (!j) {
+        const char *at = cJSON_GetErrorPtr();
+        long col = at && at >= line && at <= line + len ? (long)(at - line) + 1 : 0;
+        mv_error("not valid JSON (stopped near column %ld)", col);
+        return NULL;
+    }
+    size_t at = (size_t)(end - line);
+    while (at < len && (line[at] == ' ' || line[at] == '\t')) at++;
+    if (at < len) {
+        cJSON_Delete(j);
+        mv_error("not valid JSON: more after the value at column %zu (one JSON value a line)", at + 1);
+        return NULL;
+    }
+    if (json_check_strict(j, line, len)) {
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
+}
+
+// ---- signals -------------------------------------------------------------------------------
+
+volatile sig_atomic_t cli_stop_signal = 0;
+
+static void on_stop_signal(int sig) { cli_stop_signal = sig; }
+
+void cli_catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    // SA_RESTART: a write(2) under way when the signal lands goes on, so no
+    // record is cut by the signal itself.
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGXFSZ, SIG_IGN);
+}
+
+int cli_stop_status(void) { return 128 + (int)cli_stop_signal; }
+
+const char *cli_stop_signal_name(void) {
+    return cli_stop_signal == SIGINT ? "SIGINT" : cli_stop_signal == SIGTERM ? "SIGTERM" : "a signal";
+}
+
+// ---- whole-record output -----------------------------------------------------------------------
+
+int cli_out_open(cli_out_t *o, const char *path) {
+    *o = (cli_out_t){.fd = -1, .path = path};
+    if (strcmp(path, "-") == 0) {
+        o->fd = STDOUT_FILENO;
+        o->path = "standard output";
+    } else {
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return mv_error("cannot write %s: it is a directory", path);
+        o->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (o->fd < 0) return mv_error("cannot open %s: %s", path, strerror(errno));
+    }
+    // What is already there (standard output redirected to a file with >>) stays.
+    struct stat st;
+    o->seekable = fstat(o->fd, &st) == 0 && S_ISREG(st.st_mode);
+    off_t at = o->seekable ? lseek(o->fd, 0, SEEK_CUR) : 0;
+    o->good = at > 0 ? at : 0;
+    return 0;
+}
+
+int cli_out_write(cli_out_t *o, const char *s, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(o->fd, s + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
+            int cut = done > 0 && o->seekable && ftruncate(o->fd, o->good) == 0 &&
+                      lseek(o->fd, o->good, SEEK_SET) == o->good;
+            if (done == 0 || cut)
+                return mv_error("cannot write %s: %s (it holds the %ld whole record%s written before, nothing cut)",
+                                o->path, strerror(err), o->records, o->records == 1 ? "" : "s");
+            return mv_error("cannot write %s: %s (after %ld whole record%s, part of one more got through)", o->path,
+                            strerror(err), o->records, o->records == 1 ? "" : "s");
+        }
+        done += (size_t)w;
+    }
+    o->good += (off_t)n;
+    o->records++;
+    return 0;
+}
+
+int cli_out_close(cli_out_t *o) {
+    int rc = 0;
+    if (o->fd > STDERR_FILENO && close(o->fd)) rc = mv_error("cannot write %s: %s", o->path, strerror(errno));
+    o->fd = -1;
+    return rc;
+}
+
+// ---- whole files ----------------------------------------------------------------------------
+
+static char *temp_name(const char *path) {
+    size_t n = strlen(path) + 32;
+    char *t = malloc(n);
+    if (t) snprintf(t, n, "%s.tmp-%ld", path, (long)getpid());
+    return t;
+}
+
+int cli_atomic_check(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return mv_error("cannot write %s: it is a directory", path);
+    char *tmp = temp_name(path);
+    if (!tmp) return mv_error("out of memory");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int rc = fd < 0 ? mv_error("cannot open %s: %s (no new file could be made beside it)", path, strerror(errno)) : 0;
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    free(tmp);
+    return rc;
+}
+
+int cli_atomic_open(cli_atomic_t *a, const char *path) {
+    *a = (cli_atomic_t){0};
+    if (cli_atomic_check(path)) return -1;
+    a->path = strdup(path);
+    a->tmp = temp_name(path);
+    if (!a->path || !a->tmp) {
+        cli_atomic_abort(a);
+        return mv_error("out of memory");
+    }
+    if (!(a->f = fopen(a->tmp, "wb"))) {
+        int err = errno;
+        cli_atomic_abort(a);
+        return mv_error("cannot create %s: %s", path, strerror(err));
+    }
+    return 0;
+}
+
+int cli_atomic_commit(cli_atomic_t *a) {
+    int ok = fflush(a->f) == 0 && !ferror(a->f) && fsync(fileno(a->f)) == 0;
+    int err = errno;
+    ok = fclose(a->f) == 0 && ok;
+    a->f = NULL;
+    if (ok && rename(a->tmp, a->path) != 0) ok = 0, err = errno;
+    int rc = ok ? 0 : mv_error("cannot write %s: %s (nothing written there)", a->path, strerror(err ? err : EIO));
+    if (!ok) unlink(a->tmp);
+    free(a->path);
+    free(a->tmp);
+    *a = (cli_atomic_t){0};
+    return rc;
+}
+
+void cli_atomic_abort(cli_atomic_t *a) {
+    if (a->f) fclose(a->f);
+    if (a->tmp) unlink(a->tmp);
+    free(a->path);
+    free(a->tmp);
+    *a = (cli_atomic_t){0};
 }

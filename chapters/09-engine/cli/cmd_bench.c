@@ -91,11 +91,21 @@
  * --json FILE: every figure, with the command line, the date, the commit
  * (MV_COMMIT, else `git rev-parse --short HEAD`, "-dirty" when the tree
  * differs from it, else "unknown"), the GPU (its name, from gpu_probe, on
- * --device cuda), the host and the engine's configuration. The file is
- * opened before anything loads, so a bad path costs nothing.
+ * --device cuda), the host and the engine's configuration. Its directory is
+ * checked before anything loads, so a bad path costs nothing, and the file
+ * is written whole or not at all (FILE.tmp-PID, renamed when complete).
+ *
+ * A request that fails while timed (logits with no finite value) fails the
+ * benchmark, naming it: the workload timed would not be the one asked for.
+ * Generated ids the tokenizer does not know (padding rows, when DIR has a
+ * tokenizer) are counted ("unknown_token_ids"), not failures.
+ *
+ * SIGINT / SIGTERM: the run stops between two steps; the repetitions that
+ * had finished (latency: the batch sizes) are reported, and written to
+ * --json with "interrupted": true; exit status 130 / 143.
  *
  * Exit status: 0; 1 (bad model files, a bad --input line, a failing run);
- * 2 (bad arguments, named). Try it: ./build/minivllm bench --model
+ * 2 (bad arguments, named); 130 / 143 (stopped by SIGINT / SIGTERM). Try it: ./build/minivllm bench --model
  * tests/data/tiny-qwen3-tied --latency --batch 1,4 --prompt-len 64 --output-len 32
  * Tests: tests/test_bench.c.
  */
@@ -154,6 +164,7 @@ typedef struct {
     double generate_s;
     double host_s, runner_s;  // the engine's own host work / inside the runner's steps (engine.h)
     long long prompt_tokens, output_tokens, steps, preemptions;
+    long long unknown_tokens;  // generated ids the tokenizer does not know (0 without a tokenizer)
 } bench_rep_t;
 
 // One workload, timed --repeat times: the throughput run, or one batch size of --latency.
@@ -195,6 +206,8 @@ typedef struct {
     int uniform_sampling;         // every request samples alike (params of request 0)
     sampling_params_t sample0;
     int ignore_eos;               // 1 all, 0 none, -1 mixed
+    int stopped;                  // 1: a signal stopped it; repeat / n_groups then count what finished
+    int has_tokenizer;            // DIR has one: unknown ids are counted
 } bench_t;
 
 static double now_s(void) {
@@ -445,16 +458,32 @@ static int warm_up(engine_t *e, const engine_request_t *reqs, int n, int prompt_
         w[i].params.ignore_eos = 1;
     }
     double t0 = now_s();
-    if (!rc && engine_generate(e, w, n, outs, NULL, NULL)) rc = mv_error_prefix("warm-up");
+    const engine_hooks_t hooks = {.stop = &cli_stop_signal};
+    if (!rc) {
+        rc = engine_run(e, w, n, outs, &hooks);
+        if (rc < 0) mv_error_prefix("warm-up");
+    }
     *s += now_s() - t0;
-    if (!rc) engine_outputs_free(outs, n);
+    if (rc >= 0) engine_outputs_free(outs, n);
     free(outs);
     free(w);
     return rc;
 }
 
-// --repeat timed runs of reqs[0..n), into g.
-static int time_group(const bench_t *b, engine_t *e, const engine_request_t *reqs, int n, bench_group_t *g) {
+// The first request that failed alone: a failure of the benchmark (-1).
+static int failed_request(const engine_t *e, const engine_output_t *outs, int n) {
+    for (int i = 0; i < n; i++)
+        if (outs[i].error) {
+            mv_error("%s (a benchmark times every request to its end)", outs[i].error);
+            return i;
+        }
+    return -1;
+}
+
+// --repeat timed runs of reqs[0..n), into g; *reps_done of them finished.
+// ENGINE_STOPPED when a signal stopped a repetition (it is not counted).
+static int time_group(const bench_t *b, engine_t *e, const engine_request_t *reqs, int n, bench_group_t *g,
+                      int *reps_done) {
     const int R = (int)b->repeat;
     g->n = n;
     g->reps = calloc((size_t)R, sizeof *g->reps);
@@ -462,12 +491,23 @@ static int time_group(const bench_t *b, engine_t *e, const engine_request_t *req
     g->tpot_s = malloc((size_t)R * (size_t)n * sizeof *g->tpot_s);
     engine_output_t *outs = calloc((size_t)n, sizeof *outs);
     int rc = g->reps && g->ttft_s && g->tpot_s && outs ? 0 : mv_error("out of memory");
+    const engine_hooks_t hooks = {.stop = &cli_stop_signal};
+    *reps_done = 0;
     for (int r = 0; !rc && r < R; r++) {
         double t0 = now_s();
-        rc = engine_generate(e, reqs, n, outs, NULL, NULL);
+        rc = engine_run(e, reqs, n, outs, &hooks);
         double dt = now_s() - t0;
+        if (rc == ENGINE_STOPPED) engine_outputs_free(outs, n);
         if (rc) break;
+        int bad = failed_request(e, outs, n);
+        if (bad >= 0) {
+            e->failed_request = bad;
+            engine_outputs_free(outs, n);
+            rc = -1;
+            break;
+        }
         bench_rep_t *rep = &g->reps[r];
+        rep->unknown_tokens = e->num_unknown_tokens;
         rep->generate_s = dt;
         rep->steps = e->num_steps;
         rep->preemptions = e->num_preemptions;
@@ -481,6 +521,7 @@ static int time_group(const bench_t *b, engine_t *e, const engine_request_t *req
                 g->tpot_s[g->n_tpot++] = (outs[i].finish_s - outs[i].first_token_s) / (outs[i].num_tokens - 1);
         }
         engine_outputs_free(outs, n);
+        *reps_done = r + 1;
         if (b->ec.progress)
             fprintf(stderr, "minivllm bench: %d requests, repetition %d/%d: %.3f s\n", n, r + 1, R, dt);
     }
@@ -492,6 +533,7 @@ static int time_group(const bench_t *b, engine_t *e, const engine_request_t *req
 static int name_failed_request(const bench_t *b, const engine_t *e) {
     if (e->failed_request < 0) return -1;
     if (b->work != WORK_INPUT) return mv_error_prefix("request %d", e->failed_request);
+    // cli_requests_where names the line as "path:line".
     char where[512];
     cli_requests_where(&b->rq, e->failed_request, where, sizeof where);
     return mv_error_prefix("%s", where);
@@ -518,6 +560,7 @@ static int run(bench_t *b) {
     double t0 = now_s();
     if (engine_create(&b->ec, &e)) return -1;
     b->load_s = now_s() - t0;
+    b->has_tokenizer = e->tokenizer != NULL;
     b->ec = e->cfg;  // what the engine resolved (the cuda runner sizes the cache)
     b->weight_bytes = e->runner->weight_bytes;
     b->kv_cache_bytes = e->runner->kv_cache_bytes;
@@ -528,6 +571,7 @@ static int run(bench_t *b) {
     if (b->ec.device == RUNNER_DEVICE_CUDA) gpu_probe(&b->gpu, 0);
     int rc = b->work == WORK_LATENCY ? check_latency_cache(b, e) : 0;
     b->n_groups = b->work == WORK_LATENCY ? b->n_batches : 1;
+    cli_catch_stop_signals();
     for (int k = 0; !rc && k < b->n_groups; k++) {
         int n = b->work == WORK_LATENCY ? b->batches[k] : b->work == WORK_INPUT ? b->rq.n : (int)b->num_seqs;
         engine_request_t *reqs = b->work == WORK_INPUT ? cli_requests_to_engine(&b->rq) : calloc((size_t)n, sizeof *reqs);
@@ -544,10 +588,19 @@ static int run(bench_t *b) {
         if (!rc && b->warmup)
             rc = b->work == WORK_LATENCY ? warm_up(e, reqs, n, INT_MAX, 2, &b->warmup_s)
                                          : warm_up(e, reqs, 1, 32, 16, &b->warmup_s);
-        if (!rc && time_group(b, e, reqs, n, &b->groups[k])) rc = name_failed_request(b, e);
+        int reps_done = 0;
+        if (!rc) rc = time_group(b, e, reqs, n, &b->groups[k], &reps_done);
+        if (rc < 0) name_failed_request(b, e);
+        if (rc == ENGINE_STOPPED) {
+            // Keep what finished: throughput its repetitions, latency its whole batch sizes.
+            b->stopped = 1;
+            if (b->work == WORK_LATENCY) b->n_groups = k;
+            else b->repeat = reps_done;
+        }
         free(ids);
         free(reqs);
     }
+    if (rc == ENGINE_STOPPED) rc = 0;
     b->wall_s = now_s() - b->t_start;
     engine_free(e);
     return rc;
@@ -686,6 +739,9 @@ static void print_throughput(const bench_t *b) {
     printf("  %-16s p50 %.2f, p99 %.2f\n", "TTFT ms", ttft.p50, ttft.p99);
     printf("  %-16s p50 %.3f, p99 %.3f\n", "TPOT ms", tpot.p50, tpot.p99);
     printf("  %-16s %lld steps, %lld preemptions\n", "steps", r0->steps, r0->preemptions);
+    if (b->has_tokenizer && r0->unknown_tokens)
+        printf("  %-16s %lld generated ids the tokenizer does not know (padding rows: no text)\n", "unknown ids",
+               r0->unknown_tokens);
     if (r0->steps > 0)
         printf("  %-16s host %.1f us, runner %.1f us (first repetition)\n", "per step",
                1e6 * r0->host_s / (double)r0->steps, 1e6 * r0->runner_s / (double)r0->steps);
@@ -889,6 +945,8 @@ static void throughput_json(cJSON *o, const bench_t *b) {
     cJSON_AddItemToObject(o, "tpot_ms", pct_json(percentiles_ms(g->tpot_s, g->n_tpot)));
     cJSON_AddNumberToObject(o, "steps", (double)r0->steps);
     cJSON_AddNumberToObject(o, "preemptions", (double)r0->preemptions);
+    if (b->has_tokenizer) cJSON_AddNumberToObject(o, "unknown_token_ids", (double)r0->unknown_tokens);
+    else cJSON_AddNullToObject(o, "unknown_token_ids");
     if (r0->steps > 0) {
         cJSON_AddNumberToObject(o, "host_us_per_step", 1e6 * r0->host_s / (double)r0->steps);
         cJSON_AddNumberToObject(o, "runner_us_per_step", 1e6 * r0->runner_s / (double)r0->steps);
@@ -975,6 +1033,7 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     sampling_json(o, b);
     cJSON_AddNumberToObject(o, "repeat", (double)b->repeat);
     cJSON_AddBoolToObject(o, "warmup", b->warmup);
+    cJSON_AddBoolToObject(o, "interrupted", b->stopped);
     cJSON_AddNumberToObject(o, "load_s", b->load_s);
     cJSON_AddNumberToObject(o, "warmup_s", b->warmup_s);
     cJSON_AddNumberToObject(o, "wall_s", b->wall_s);
@@ -994,10 +1053,15 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     return s;
 }
 
-static int write_json(const bench_t *b, FILE *f, const char *path, int argc, char **argv) {
+// The whole document to PATH.tmp-PID, then renamed: PATH is complete or untouched.
+static int write_json(const bench_t *b, const char *path, int argc, char **argv) {
     char *s = bench_json(b, argc, argv);
     if (!s) return mv_error("out of memory");
-    int rc = fprintf(f, "%s\n", s) < 0 ? mv_error("cannot write %s: %s", path, strerror(errno)) : 0;
+    cli_atomic_t f;
+    int rc = cli_atomic_open(&f, path);
+    if (!rc && fprintf(f.f, "%s\n", s) < 0) rc = mv_error("cannot write %s: %s", path, strerror(errno));
+    if (!rc) rc = cli_atomic_commit(&f);
+    else cli_atomic_abort(&f);
     free(s);
     return rc;
 }
@@ -1011,20 +1075,23 @@ static void bench_free(bench_t *b) {
     cli_requests_free(&b->rq);
 }
 
-// Options parsed and checked: open --json, read --input, run, report.
+// Options parsed and checked: check --json's path, read --input, run, report.
 static int bench_main(const bench_args_t *a, bench_t *b, int argc, char **argv) {
-    FILE *jf = NULL;
-    if (a->json && !(jf = fopen(a->json, "w")))
-        return cli_error("bench", CLI_FAIL, "--json: cannot open %s: %s", a->json, strerror(errno));
+    if (a->json && cli_atomic_check(a->json)) return cli_error("bench", CLI_FAIL, "--json: %s", mv_last_error());
     int rc = b->work == WORK_INPUT ? read_input(b) : 0;
     if (!rc) rc = run(b);
-    if (!rc && jf) rc = write_json(b, jf, a->json, argc, argv);
-    if (jf && fclose(jf) && !rc) rc = mv_error("cannot write %s: %s", a->json, strerror(errno));
-    if (rc && jf) remove(a->json);  // no half-written results
+    const int have = b->n_groups > 0 && b->repeat > 0;  // after a stop, something finished
+    if (!rc && a->json && have) rc = write_json(b, a->json, argc, argv);
     if (rc) return cli_error("bench", CLI_FAIL, "%s", mv_last_error());
-    if (b->work == WORK_LATENCY) print_latency(b);
-    else print_throughput(b);
-    return CLI_OK;
+    if (have && b->work == WORK_LATENCY) print_latency(b);
+    else if (have) print_throughput(b);
+    if (!b->stopped) return CLI_OK;
+    fprintf(stderr, "minivllm bench: stopped by %s: %s%s\n", cli_stop_signal_name(),
+            !have ? "nothing had finished, nothing is reported"
+                  : b->work == WORK_LATENCY ? "the batch sizes that finished are reported"
+                                            : "the repetitions that finished are reported",
+            a->json && have ? " (and in --json, with \"interrupted\": true)" : a->json ? "; --json not written" : "");
+    return cli_stop_status();
 }
 
 int cmd_bench(int argc, char **argv) {

@@ -13,16 +13,35 @@
  * and optionally "max_tokens", "temperature", "top_k", "top_p", "seed",
  * "ignore_eos", which override the command line's values for that line.
  * (cli/requests.c reads these lines, for `bench --input` too.)
- * Every request is submitted at once and batched continuously; the outputs
- * come back in input order, one JSON line each:
- *   {"index": 0, "token_ids": [...], "text": "...", "finish_reason": "stop"}
- * (text is "" without a tokenizer).
+ * Every request is submitted at once and batched continuously. Each result
+ * is written the moment its request finishes, one JSON line each, in the
+ * order requests finish (the "index" says which request it is; --ordered
+ * writes them in input order instead, each as soon as it and every request
+ * before it are done):
+ *   {"index":0,"token_ids":[...],"text":"...","finish_reason":"stop"}
+ * (text is "" without a tokenizer). A line is written whole with one
+ * write(2), not buffered: a crash or a kill loses only what had not finished,
+ * and the file never holds a cut line (cli_out_t: a short write is cut back
+ * off, and the write error stops the run with exit status 1).
  *
  * Bad input is all or nothing: an unknown key, a value of the wrong type,
  * an id outside the vocabulary, an empty prompt, max_tokens < 1, a prompt
  * longer than --max-model-len... stops the command before anything runs,
  * with exit status 1 and a message naming the file, the line and the key.
- * Wrong arguments exit 2 naming the argument.
+ * Wrong arguments exit 2 naming the argument. --output is opened (and so
+ * checked) before the model loads: a bad path costs nothing.
+ *
+ * A request that fails while running (logits with no finite value) ends
+ * alone: its line says "finish_reason":"error" and "error":"why", with the
+ * tokens it had; the others run to their end, and the exit status is 1.
+ * An id the tokenizer does not know (the model's vocabulary is padded past
+ * the tokenizer's) has no text and fails nothing; how many were generated is
+ * said on stderr.
+ *
+ * SIGINT or SIGTERM: the engine stops between two steps, every result that
+ * had finished is on disk (with --ordered, the finished ones still held back
+ * are written then, in input order), the requests that had not are named on
+ * stderr, and the exit status is 130 (SIGINT) or 143 (SIGTERM).
  *
  * --logits-out FILE.npy saves, for every request in input order, the logits
  * of its first generated token (the prefill's last position: what the first
@@ -34,11 +53,13 @@
  *   {'descr': '<f4', 'fortran_order': False, 'shape': (3, 151936), }
  * padded with spaces and ending in '\n' so that the data starts at a
  * multiple of 64 bytes, then the rows, little-endian float32, row-major.
- * The file is opened before the model loads, so a bad path costs nothing.
+ * The file is written whole or not at all: the rows go to FILE.npy.tmp-PID,
+ * renamed to FILE.npy once every row is there; a failure or a signal removes
+ * it. Its directory is checked before the model loads.
  */
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,7 +74,7 @@
 
 static const char GENERATE_USAGE[] =
     "usage: minivllm generate --model DIR [--prompt TEXT]... [--input FILE.jsonl] [--output FILE.jsonl]\n"
-    "                         [--chat] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                         [--ordered] [--chat] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                         [--seed S] [--ignore-eos] [--logits-out FILE.npy] [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Generate text with a Qwen3 model directory (config.json, safetensors weights, and\n"
@@ -61,65 +82,115 @@ static const char GENERATE_USAGE[] =
     "lines of --input (\"-\" = stdin); each line is a JSON object with one of \"prompt\" (text),\n"
     "\"prompt_token_ids\" (a list of ids) or \"messages\" (a chat), and optionally \"max_tokens\",\n"
     "\"temperature\", \"top_k\", \"top_p\", \"seed\", \"ignore_eos\". All requests run together\n"
-    "(continuous batching). With --output, one JSON line per request, in input order:\n"
-    "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"}\n"
-    "without it, each request's text (or ids, without a tokenizer) on stdout.\n"
+    "(continuous batching). Each result is written as its request finishes, in finish order\n"
+    "(--ordered: in input order). With --output, one JSON line per request:\n"
+    "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"|\"error\"}\n"
+    "(with \"error\": \"why\" when a request failed alone); without it, each request's text (or\n"
+    "ids, without a tokenizer) on stdout.\n"
     "--logits-out FILE.npy: each request's first-step logits, float32 [requests, vocab] (numpy .npy).\n"
     "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
     "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
     "--device: cuda (bf16 on the GPU, sampling there too) when a CUDA GPU is present, else cpu\n"
-    "(fp32 activations); --device cuda without a GPU is an error.";
+    "(fp32 activations); --device cuda without a GPU is an error.\n"
+    "Exit status: 0; 1 bad input or a failed request (the others are written); 2 bad arguments;\n"
+    "130 / 143 stopped by SIGINT / SIGTERM (what had finished is written, the rest named).";
 
-// The requests (requests.h) and the engine that runs them.
+// The requests (requests.h), the engine that runs them, and where the results go.
 typedef struct {
     engine_t *e;
     cli_requests_t rq;
+    cli_out_t out;                // --output, or standard output
+    int jsonl;                    // --output given: JSON lines, else text
+    int ordered;                  // --ordered: input order
+    const engine_output_t *outs;  // [rq.n] the engine's, filled as requests finish
+    unsigned char *written;       // [rq.n] 1 once request i is written
+    int next;                     // --ordered: the first request not yet written
+    tok_bytes_t text, rec;        // scratch: decoded text, the record being built
+    struct logits_out *lo;        // --logits-out's file (its path NULL without the option)
 } gen_ctx_t;
 
-static int write_outputs(const gen_ctx_t *c, const engine_output_t *outs, FILE *f, int jsonl) {
-    tok_bytes_t text = {0};
-    int rc = 0;
-    for (int i = 0; i < c->rq.n && !rc; i++) {
-        text.len = 0;
-        if (c->e->tokenizer &&
-            tokenizer_decode(c->e->tokenizer, outs[i].token_ids, (size_t)outs[i].num_tokens, 1, &text))
-            rc = -1;
-        if (!text.data) rc = rc ? rc : tok_bytes_append(&text, "", 0);
-        if (rc) break;
-        if (!jsonl) {
-            fprintf(f, "== request %d (%s, %d tokens, finish_reason %s)\n", i, c->rq.reqs[i].line_no ? "input" : "prompt",
-                    outs[i].num_tokens, engine_finish_reason(outs[i].finish_reason));
-            if (c->e->tokenizer) fprintf(f, "%s\n", text.data);
-            else cli_print_ids(f, outs[i].token_ids, (size_t)outs[i].num_tokens);
-            continue;
-        }
-        cJSON *o = cJSON_CreateObject();
-        cJSON *ids = cJSON_CreateArray();
-        for (int k = 0; o && ids && k < outs[i].num_tokens; k++)
-            cJSON_AddItemToArray(ids, cJSON_CreateNumber(outs[i].token_ids[k]));
-        cJSON_AddNumberToObject(o, "index", i);
-        cJSON_AddItemToObject(o, "token_ids", ids);
-        cJSON_AddStringToObject(o, "text", text.data);  // decoded text never holds a NUL: U+FFFD replaces bad bytes
-        cJSON_AddStringToObject(o, "finish_reason", engine_finish_reason(outs[i].finish_reason));
-        char *s = cJSON_PrintUnformatted(o);
-        if (!s) rc = mv_error("out of memory");
-        else fprintf(f, "%s\n", s);
-        free(s);
-        cJSON_Delete(o);
+static int append_str(tok_bytes_t *b, const char *s) { return tok_bytes_append(b, s, strlen(s)); }
+
+static int append_fmt(tok_bytes_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int append_fmt(tok_bytes_t *b, const char *fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return n < 0 ? -1 : tok_bytes_append(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+static int append_ids(tok_bytes_t *b, const int32_t *ids, int n, const char *sep) {
+    int rc = append_str(b, "[");
+    for (int k = 0; !rc && k < n; k++) rc = append_fmt(b, k ? "%s%d" : "%.0s%d", sep, ids[k]);
+    return rc || append_str(b, "]") ? -1 : 0;
+}
+
+// Request i's record: a JSON line, or a text block, built whole in c->rec.
+static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
+    tok_bytes_t *b = &c->rec;
+    b->len = 0;
+    c->text.len = 0;
+    // Unknown ids (padding rows) decode to no text: decoding cannot fail on them.
+    int rc = tok_bytes_append(&c->text, "", 0);
+    if (!rc && c->e->tokenizer)
+        rc = tokenizer_decode(c->e->tokenizer, o->token_ids, (size_t)o->num_tokens, 1, &c->text);
+    if (rc) return -1;
+    const char *reason = engine_output_finish_reason(o);
+    if (!c->jsonl) {
+        rc = append_fmt(b, "== request %d (%s, %d tokens, finish_reason %s", i, c->rq.reqs[i].line_no ? "input" : "prompt",
+                        o->num_tokens, reason);
+        if (!rc && o->error) rc = append_str(b, ": ") || append_str(b, o->error);
+        if (!rc) rc = append_str(b, ")\n");
+        if (!rc && c->e->tokenizer) rc = tok_bytes_append(b, c->text.data, c->text.len);
+        else if (!rc) rc = append_ids(b, o->token_ids, o->num_tokens, ", ");
+        return rc || append_str(b, "\n") ? -1 : 0;
     }
-    tok_bytes_free(&text);
-    return rc;
+    // By hand rather than with cJSON's printer, which would stop a text at a NUL (byte 0's token decodes to one).
+    rc = append_fmt(b, "{\"index\":%d,\"token_ids\":", i) || append_ids(b, o->token_ids, o->num_tokens, ",") ||
+         append_str(b, ",\"text\":") || cli_json_string_append(b, c->text.data, c->text.len) ||
+         append_fmt(b, ",\"finish_reason\":\"%s\"", reason);
+    if (!rc && o->error) rc = append_str(b, ",\"error\":") || cli_json_string_append(b, o->error, strlen(o->error));
+    return rc || append_str(b, "}\n") ? -1 : 0;
+}
+
+static int write_output(gen_ctx_t *c, int i) {
+    if (format_output(c, i, &c->outs[i]) || cli_out_write(&c->out, c->rec.data, c->rec.len)) return -1;
+    c->written[i] = 1;
+    return 0;
+}
+
+// engine_finished_fn: write request i now (finish order), or every request
+// that is now next in input order (--ordered).
+static int on_finished(void *ctx, int i, const engine_output_t *o) {
+    gen_ctx_t *c = ctx;
+    (void)o;
+    if (!c->ordered) return write_output(c, i);
+    for (; c->next < c->rq.n && c->outs[c->next].done; c->next++)
+        if (write_output(c, c->next)) return -1;
+    return 0;
+}
+
+// After a stop: with --ordered, the finished requests held back behind an unfinished one.
+static int write_held_back(gen_ctx_t *c) {
+    for (int i = 0; i < c->rq.n; i++)
+        if (c->outs[i].done && !c->written[i] && write_output(c, i)) return -1;
+    return 0;
 }
 
 // Every "--prompt TEXT" / "--prompt=TEXT" (cli_parse keeps only the last).
 static int collect_prompts(int argc, char **argv, const char ***out) {
+    static const char *const FLAGS[] = {"--chat", "--ignore-eos", "--no-prefix-caching", "--enforce-eager",
+                                        "--ordered"};
     int n = 0;
     *out = calloc((size_t)argc, sizeof **out);
     for (int i = 1; *out && i < argc; i++) {
+        int flag = 0;
+        for (size_t k = 0; k < sizeof FLAGS / sizeof *FLAGS; k++) flag |= strcmp(argv[i], FLAGS[k]) == 0;
         if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc) (*out)[n++] = argv[++i];
         else if (strncmp(argv[i], "--prompt=", 9) == 0) (*out)[n++] = argv[i] + 9;
-        else if (argv[i][0] == '-' && argv[i][1] == '-' && !strchr(argv[i], '=') && i + 1 < argc &&
-                 strcmp(argv[i], "--chat") && strcmp(argv[i], "--ignore-eos") && strcmp(argv[i], "--no-prefix-caching"))
+        else if (argv[i][0] == '-' && argv[i][1] == '-' && !strchr(argv[i], '=') && i + 1 < argc && !flag)
             i++;  // an option's value, even one that looks like "--prompt"
     }
     return n;
@@ -130,8 +201,8 @@ static int collect_prompts(int argc, char **argv, const char ***out) {
 // The .npy layout is little-endian float32: this writer copies the host's floats as they are.
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "--logits-out writes host floats as '<f4'");
 
-typedef struct {
-    FILE *f;
+typedef struct logits_out {
+    cli_atomic_t file;     // FILE.npy.tmp-PID until every row is in, then FILE.npy
     const char *path;
     int n, vocab;          // the array's shape [n, vocab]
     long header;           // bytes before row 0
@@ -147,15 +218,16 @@ static int npy_write_header(logits_out_t *o) {
     int pad = (64 - (10 + len + 1) % 64) % 64;
     int hlen = len + pad + 1;
     unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff), (unsigned char)(hlen >> 8)};
-    int ok = fwrite(pre, 1, sizeof pre, o->f) == sizeof pre && fwrite(dict, 1, (size_t)len, o->f) == (size_t)len &&
-             fprintf(o->f, "%*s\n", pad, "") == pad + 1;
+    FILE *f = o->file.f;
+    int ok = fwrite(pre, 1, sizeof pre, f) == sizeof pre && fwrite(dict, 1, (size_t)len, f) == (size_t)len &&
+             fprintf(f, "%*s\n", pad, "") == pad + 1;
     o->header = 10 + hlen;
     return ok ? 0 : mv_error("cannot write %s: %s", o->path, strerror(errno));
 }
 
 // engine_logits_fn: keep the row of each request's first sampled token, at its place in the file.
 static void save_first_logits(void *ctx, int request, int gen_index, const float *logits, int vocab) {
-    logits_out_t *o = ctx;
+    logits_out_t *o = ((gen_ctx_t *)ctx)->lo;
     if (gen_index != 0 || o->error[0] || request < 0 || request >= o->n || o->seen[request]) return;
     if (vocab != o->vocab) {
         snprintf(o->error, sizeof o->error, "%s: a logits row has %d entries, and the vocabulary %d", o->path, vocab,
@@ -163,29 +235,31 @@ static void save_first_logits(void *ctx, int request, int gen_index, const float
         return;
     }
     off_t at = (off_t)o->header + (off_t)request * vocab * (off_t)sizeof(float);
-    if (fseeko(o->f, at, SEEK_SET) || fwrite(logits, sizeof(float), (size_t)vocab, o->f) != (size_t)vocab) {
+    if (fseeko(o->file.f, at, SEEK_SET) || fwrite(logits, sizeof(float), (size_t)vocab, o->file.f) != (size_t)vocab) {
         snprintf(o->error, sizeof o->error, "cannot write %s: %s", o->path, strerror(errno));
         return;
     }
     o->seen[request] = 1;
 }
 
-// After generation: every row written, the file closed; on failure the partial file is removed.
+// After generation: every row written and the file renamed into place, or
+// (ok == 0: the run failed or stopped) the temporary file removed.
 static int logits_out_finish(logits_out_t *o, int ok) {
     int rc = 0;
     if (ok && o->error[0]) rc = mv_error("%s", o->error);
     for (int i = 0; ok && !rc && i < o->n; i++)
         if (!o->seen[i]) rc = mv_error("%s: request %d produced no first-step logits", o->path, i);
-    if (fclose(o->f) && ok && !rc) rc = mv_error("cannot write %s: %s", o->path, strerror(errno));
-    if (!ok || rc) remove(o->path);
+    if (ok && !rc) rc = cli_atomic_commit(&o->file);
+    else cli_atomic_abort(&o->file);
     free(o->seen);
+    o->seen = NULL;
     return rc;
 }
 
 typedef struct {
     const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed, *logits_out;
     cli_engine_args_t eng;
-    int chat, ignore_eos;
+    int chat, ignore_eos, ordered;
 } gen_args_t;
 
 // The command line's sampling values over generation_config.json's.
@@ -204,67 +278,125 @@ static int sampling_options(const gen_args_t *a, const qwen3_config_t *m, sampli
     return CLI_OK;
 }
 
+// Up to `max` requests with done == want_done (or with an error when
+// want_error), as "path:line (request i): message" or "path:line", on stderr.
+static void list_requests(const gen_ctx_t *c, int want_done, int want_error, int max) {
+    int shown = 0, total = 0;
+    for (int i = 0; i < c->rq.n; i++) {
+        const engine_output_t *o = &c->outs[i];
+        if (o->done != want_done || (want_error && !o->error)) continue;
+        if (shown++ < max) {
+            char where[512];
+            cli_requests_where(&c->rq, i, where, sizeof where);
+            fprintf(stderr, "  request %d (%s)%s%s\n", i, where, want_error ? ": " : "", want_error ? o->error : "");
+        }
+        total++;
+    }
+    if (total > max) fprintf(stderr, "  ... and %d more\n", total - max);
+}
+
+// What the run left: failed requests, unknown ids, a stop. Returns the exit status.
+static int report(gen_ctx_t *c, int stopped, const engine_config_t *ec) {
+    const engine_t *e = c->e;
+    const int n = c->rq.n;
+    if (e->num_unknown_tokens > 0)
+        fprintf(stderr, "minivllm generate: %lld generated ids are padding rows the tokenizer does not know (it has %d "
+                        "ids, the model's vocabulary %d rows): they have no text\n",
+                e->num_unknown_tokens, tokenizer_n_ids(e->tokenizer), e->model.vocab_size);
+    if (e->num_failed > 0) {
+        fprintf(stderr, "minivllm generate: %d of %d requests failed (finish_reason \"error\" in %s; the others "
+                        "ran to their end):\n",
+                e->num_failed, n, c->out.path);
+        list_requests(c, 1, 1, 10);
+    }
+    if (stopped) {
+        fprintf(stderr, "minivllm generate: stopped by %s after %lld steps: %d of %d requests finished and are "
+                        "written to %s; these %d did not:\n",
+                cli_stop_signal_name(), e->num_steps, e->num_finished, n, c->out.path, n - e->num_finished);
+        list_requests(c, 0, 0, 20);
+        return cli_stop_status();
+    }
+    if (ec->progress)
+        fprintf(stderr, "minivllm: %d requests, %lld prompt tokens (%lld from the prefix cache), %lld generated "
+                        "in %lld steps, %.2f s (%.1f tok/s generated)\n",
+                n, e->num_prompt_tokens, e->num_cached_tokens, e->num_generated_tokens, e->num_steps, e->elapsed_s,
+                (double)e->num_generated_tokens / (e->elapsed_s > 0 ? e->elapsed_s : 1));
+    return e->num_failed ? CLI_FAIL : CLI_OK;
+}
+
+// The model and the requests are ready: run, writing results as they finish.
+static int run_requests(gen_ctx_t *c, logits_out_t *lo, const engine_config_t *ec) {
+    const int n = c->rq.n;
+    engine_request_t *reqs = cli_requests_to_engine(&c->rq);
+    engine_output_t *outs = calloc((size_t)(n ? n : 1), sizeof *outs);
+    c->written = calloc((size_t)(n ? n : 1), 1);
+    c->outs = outs;
+    int rc = reqs && outs && c->written ? 0 : mv_error("out of memory");
+    if (!rc && lo->path) {
+        lo->n = n;
+        lo->seen = calloc((size_t)n, 1);
+        rc = !lo->seen ? mv_error("out of memory") : cli_atomic_open(&lo->file, lo->path) ? -1 : npy_write_header(lo);
+    }
+    int st = CLI_FAIL;
+    if (!rc) {
+        c->lo = lo;
+        const engine_hooks_t hooks = {lo->path ? save_first_logits : NULL, on_finished, &cli_stop_signal, c};
+        cli_catch_stop_signals();
+        rc = engine_run(c->e, reqs, n, outs, &hooks);
+        if (rc < 0 && c->e->failed_request >= 0) {
+            char where[512];
+            cli_requests_where(&c->rq, c->e->failed_request, where, sizeof where);
+            mv_error_prefix("%s", where);
+        }
+        if (rc == ENGINE_STOPPED && write_held_back(c)) rc = -1;
+        if (lo->path && logits_out_finish(lo, rc == 0) && rc == 0) rc = -1;
+        if (rc >= 0) st = report(c, rc == ENGINE_STOPPED, ec);
+        if (rc == ENGINE_STOPPED && lo->path)
+            fprintf(stderr, "minivllm generate: --logits-out %s not written (the run did not finish)\n", lo->path);
+    } else if (lo->path) {
+        logits_out_finish(lo, 0);
+    }
+    if (rc < 0) cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    engine_outputs_free(outs, n);
+    free(outs);
+    free(reqs);
+    free(c->written);
+    return rc < 0 ? CLI_FAIL : st;
+}
+
 static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     engine_config_t ec = engine_config_default(a->model);
     int st = cli_engine_config("generate", &a->eng, &ec);
     if (st) return st;
     ec.progress = isatty(STDERR_FILENO);
-    gen_ctx_t c = {.rq = {.path = a->input, .model_dir = a->model, .chat = a->chat}};
+    gen_ctx_t c = {.rq = {.path = a->input, .model_dir = a->model, .chat = a->chat},
+                   .jsonl = a->output != NULL, .ordered = a->ordered};
     // Parse the numbers before loading anything: a typo costs nothing.
     qwen3_config_t mc;
     if (qwen3_config_load(a->model, &mc)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
     if ((st = sampling_options(a, &mc, &c.rq.defaults, &c.rq.base_seed))) return st;
     c.rq.vocab_size = mc.vocab_size;
     logits_out_t lo = {.path = a->logits_out, .vocab = mc.vocab_size};
-    if (lo.path && !(lo.f = fopen(lo.path, "wb")))
-        return cli_error("generate", CLI_FAIL, "--logits-out: cannot open %s: %s", lo.path, strerror(errno));
-    if (engine_create(&ec, &c.e)) {
-        if (lo.f) logits_out_finish(&lo, 0);
-        return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
-    }
-    c.rq.tokenizer = c.e->tokenizer;
-    int rc = 0;
-    for (int i = 0; i < n_prompts && !rc; i++) rc = cli_requests_add_text(&c.rq, prompts[i], i);
-    if (!rc && a->input) rc = cli_requests_read(&c.rq, a->input);
-    if (!rc && c.rq.n == 0) rc = mv_error("no requests: give --prompt or a non-empty --input");
-    const int n = c.rq.n;
-    engine_request_t *reqs = cli_requests_to_engine(&c.rq);
-    engine_output_t *outs = calloc((size_t)(n ? n : 1), sizeof *outs);
-    if (!rc && (!reqs || !outs)) rc = mv_error("out of memory");
-    if (!rc && lo.f) {
-        lo.n = n;
-        lo.seen = calloc((size_t)n, 1);
-        rc = lo.seen ? npy_write_header(&lo) : mv_error("out of memory");
-    }
-    if (!rc && engine_generate(c.e, reqs, n, outs, lo.f ? save_first_logits : NULL, &lo)) {
-        rc = -1;
-        if (c.e->failed_request >= 0) {
-            char where[512];
-            cli_requests_where(&c.rq, c.e->failed_request, where, sizeof where);
-            mv_error_prefix("%s", where);
-        }
-    }
-    if (lo.f && logits_out_finish(&lo, !rc) && !rc) rc = -1;
+    // Where the results go, checked before the model loads. "--output -" is
+    // standard output in JSONL form, as "--input -" is standard input.
+    if (lo.path && cli_atomic_check(lo.path))
+        return cli_error("generate", CLI_FAIL, "--logits-out: %s", mv_last_error());
+    if (cli_out_open(&c.out, a->output ? a->output : "-")) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    int rc = engine_create(&ec, &c.e) ? -1 : 0;
     if (!rc) {
-        // "--output -" is standard output in JSONL form, as "--input -" is standard input.
-        int to_stdout = !a->output || !strcmp(a->output, "-");
-        FILE *f = to_stdout ? stdout : fopen(a->output, "w");
-        if (!f) rc = mv_error("cannot open %s: %s", a->output, strerror(errno));
-        if (!rc) rc = write_outputs(&c, outs, f, a->output != NULL);
-        if (f && f != stdout && fclose(f) && !rc) rc = mv_error("cannot write %s: %s", a->output, strerror(errno));
-        if (!rc && ec.progress)
-            fprintf(stderr, "minivllm: %d requests, %lld prompt tokens (%lld from the prefix cache), %lld generated "
-                            "in %lld steps, %.2f s (%.1f tok/s generated)\n",
-                    n, c.e->num_prompt_tokens, c.e->num_cached_tokens, c.e->num_generated_tokens, c.e->num_steps,
-                    c.e->elapsed_s, (double)c.e->num_generated_tokens / (c.e->elapsed_s > 0 ? c.e->elapsed_s : 1));
+        c.rq.tokenizer = c.e->tokenizer;
+        for (int i = 0; i < n_prompts && !rc; i++) rc = cli_requests_add_text(&c.rq, prompts[i], i);
+        if (!rc && a->input) rc = cli_requests_read(&c.rq, a->input);
+        if (!rc && c.rq.n == 0) rc = mv_error("no requests: give --prompt or a non-empty --input");
     }
-    if (rc) cli_error("generate", CLI_FAIL, "%s", mv_last_error());
-    engine_outputs_free(outs, n);
-    free(outs);
-    free(reqs);
+    if (rc) st = cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    else st = run_requests(&c, &lo, &ec);
+    if (cli_out_close(&c.out) && st == CLI_OK) st = cli_error("generate", CLI_FAIL, "%s", mv_last_error());
+    tok_bytes_free(&c.text);
+    tok_bytes_free(&c.rec);
     cli_requests_free(&c.rq);
     engine_free(c.e);
-    return rc ? CLI_FAIL : CLI_OK;
+    return st;
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -274,6 +406,7 @@ int cmd_generate(int argc, char **argv) {
         {"--prompt", "TEXT", "a text prompt (repeatable; needs tokenizer.json)", &a.prompt, NULL},
         {"--input", "FILE", "JSON lines of requests (\"-\" = stdin)", &a.input, NULL},
         {"--output", "FILE", "write one JSON line per request here, - for stdout (default: text on stdout)", &a.output, NULL},
+        {"--ordered", NULL, "write results in input order (default: each as its request finishes)", NULL, &a.ordered},
         {"--chat", NULL, "wrap each text prompt as a user message (Qwen3 chat template)", NULL, &a.chat},
         {"--max-tokens", "N", "tokens to generate per request (default 16)", &a.max_tokens, NULL},
         {"--temperature", "T", "0 = greedy (default: generation_config.json, else 1)", &a.temperature, NULL},

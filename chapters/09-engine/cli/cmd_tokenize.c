@@ -50,11 +50,8 @@ static int request_text(const tokenizer_t *tok, const cJSON *req, tok_bytes_t *t
     return rc;
 }
 
-// cJSON needs the terminating NUL inside the length it is given to check
-// that nothing follows the value, hence len + 1.
-static cJSON *parse_line(const char *line, size_t len) {
-    return cJSON_ParseWithLengthOpts(line, len + 1, NULL, 1);
-}
+// Strict: nothing after the value, no NUL in a string, no key twice (cli.h).
+static cJSON *parse_line(const char *line, size_t len) { return cli_parse_json_line(line, len); }
 
 // Prefix the last error with where it happened.
 static int error_in(const char *path, long line_no) { return mv_error_prefix("%s:%ld", path, line_no); }
@@ -76,7 +73,7 @@ static int tokenize_line(const char *line, size_t len, long line_no, void *p) {
     cJSON *req = parse_line(line, len);
     c->text.len = 0;
     c->ids.len = 0;
-    int rc = req ? request_text(c->tok, req, &c->text) : mv_error("not valid JSON");
+    int rc = req ? request_text(c->tok, req, &c->text) : -1;
     cJSON_Delete(req);
     if (!rc && c->keep) {
         rc = tok_bytes_append(&c->all, c->text.data, c->text.len);
@@ -212,9 +209,11 @@ static int detok_line(const char *line, size_t len, long line_no, void *p) {
     detok_ctx_t *c = p;
     cJSON *arr = parse_line(line, len);
     c->ids.len = 0;
-    int rc = cJSON_IsArray(arr) ? 0 : mv_error("not a JSON list of ids");
+    int rc = !arr ? -1 : cJSON_IsArray(arr) ? 0 : mv_error("not a JSON list of ids");
     for (const cJSON *e = arr ? arr->child : NULL; e && !rc; e = e->next) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != (double)(int32_t)e->valuedouble)
+        // The range first: converting a double outside int32 to int32 is undefined.
+        if (!cJSON_IsNumber(e) || !(e->valuedouble >= INT32_MIN && e->valuedouble <= INT32_MAX) ||
+            e->valuedouble != (double)(int32_t)e->valuedouble)
             rc = mv_error("not a JSON list of integer ids");
         else
             rc = tok_ids_push(&c->ids, (int32_t)e->valuedouble);
@@ -253,7 +252,8 @@ static const char DETOKENIZE_USAGE[] =
     "Turn Qwen3 token ids back into text. With --ids the text is printed as it is,\n"
     "followed by a newline (as a JSON string with --json). With --input, each line\n"
     "of FILE.jsonl (\"-\" = stdin) is a JSON list of ids, and one JSON string is\n"
-    "printed per line. Bytes that are not valid UTF-8 are shown as U+FFFD.";
+    "printed per line. Bytes that are not valid UTF-8 are shown as U+FFFD. An id the\n"
+    "tokenizer does not know (a padding row of the model's vocabulary) has no text.";
 
 int cmd_detokenize(int argc, char **argv) {
     const char *model = NULL, *ids_s = NULL, *input = NULL;

@@ -9,8 +9,9 @@
  *   minivllm bench      --model DIR --random-weights    time the engine: output and total tok/s
  * Adding a command is one line in COMMANDS below (see cli.h).
  *
- * Build and run:  make && ./build/minivllm --help
- * Exit status: 0 success, 1 failure (bad input or model files), 2 bad arguments.
+ * Build and run:  make && ./build/minivllm --help   (--version: the version and the build)
+ * Exit status: 0 success, 1 failure (bad input or model files, a request that
+ * failed), 2 bad arguments, 130 / 143 stopped by SIGINT / SIGTERM.
  */
 #include <stdio.h>
 #include <string.h>
@@ -36,7 +37,19 @@ static void usage(FILE *f) {
     fprintf(f, "usage: minivllm COMMAND [OPTIONS]\n\n"
                "mini-vLLM Lab's inference engine for Qwen3 (chapter 09).\n\nCommands:\n");
     for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-12s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
-    fprintf(f, "\nRun 'minivllm COMMAND --help' for a command's options.\n");
+    fprintf(f, "\nRun 'minivllm COMMAND --help' for a command's options, 'minivllm --version' for the build.\n");
+}
+
+// The version, then what this binary was built with: a bug report needs both.
+static void version(void) {
+    printf("minivllm %s (mini-vLLM Lab, chapter 09)\n", MV_VERSION);
+#ifdef __clang__
+    const char *cc = "";  // clang's __VERSION__ names itself
+#else
+    const char *cc = "gcc ";
+#endif
+    printf("built with CUDA: %s, NCCL: %s, compiler: %s%s\n", MV_HAVE_CUDA ? "yes" : "no", MV_HAVE_NCCL ? "yes" : "no",
+           cc, __VERSION__);
 }
 
 int main(int argc, char **argv) {
@@ -46,6 +59,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) {
+        version();
         return 0;
     }
     for (int i = 0; i < N_COMMANDS; i++)

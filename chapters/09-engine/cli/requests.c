@@ -141,16 +141,13 @@ static int parse_request(const cli_requests_t *c, const cJSON *req, cli_request_
     return rc;
 }
 
-// One line: blank lines are skipped; a bad line stops the reading.
-static int input_line(const char *line, size_t len, long line_no, void *p) {
-    cli_requests_t *c = p;
+int cli_requests_add_line(cli_requests_t *c, const char *line, size_t len, long line_no) {
     size_t k = 0;
-    while (k < len && strchr(" \t", line[k])) k++;
+    while (k < len && (line[k] == ' ' || line[k] == '\t')) k++;
     if (k == len) return 0;
-    // len + 1: cJSON then checks that nothing follows the object.
-    cJSON *req = cJSON_ParseWithLengthOpts(line, len + 1, NULL, 1);
+    cJSON *req = cli_parse_json_line(line, len);
     cli_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no};
-    int rc = req ? parse_request(c, req, &r) : mv_error("not valid JSON");
+    int rc = req ? parse_request(c, req, &r) : -1;
     cJSON_Delete(req);
     if (!rc) rc = push_request(c, &r);
     if (rc) {
@@ -158,6 +155,10 @@ static int input_line(const char *line, size_t len, long line_no, void *p) {
         mv_error_prefix("%s:%ld", c->path, line_no);
     }
     return rc;
+}
+
+static int input_line(const char *line, size_t len, long line_no, void *p) {
+    return cli_requests_add_line(p, line, len, line_no);
 }
 
 int cli_requests_read(cli_requests_t *c, const char *path) {

@@ -12,6 +12,10 @@
  * skipped. Anything else (an unknown key, a value of the wrong type, an id
  * outside the vocabulary, an empty prompt) is an error naming the file, the
  * line and the key: "requests.jsonl:3: \"max_tokens\" must be an integer >= 1".
+ * So is what a lenient JSON reader would lose without a word: a NUL in a
+ * string ("prompt": "a\u0000b" is refused, not read as "a"), a NUL byte in
+ * the line, a key given twice (refused, rather than first or last wins), and
+ * a read error (not taken for the end of the file).
  *
  * Tests: tests/test_engine_cpu.c (generate) and tests/test_bench.c (bench).
  */
@@ -56,6 +60,9 @@ typedef struct {
 // Every line of path ("-" = standard input), appended to c->reqs; the
 // first bad line stops it: -1 with mv_error() "path:line: ...".
 int cli_requests_read(cli_requests_t *c, const char *path);
+// One line of c->path (set it first), line_no from 1; blank: nothing added.
+// 0, or -1 with mv_error() "path:line: ..." (what cli_requests_read does per line).
+int cli_requests_add_line(cli_requests_t *c, const char *line, size_t len, long line_no);
 // A text prompt (a --prompt option, number prompt_arg from 0), appended.
 int cli_requests_add_text(cli_requests_t *c, const char *text, int prompt_arg);
 // Where request i came from, for messages: "path:line" or "--prompt #k".

@@ -192,8 +192,9 @@ static int cmp_span(const void *a, const void *b) {
 // The tensors must tile the data section: sorted by begin, each starts
 // where the previous ended (no overlap, no gap) and the last ends at the
 // end of the data section.
+// A file with no tensors (header "{}") is legal and has an empty data section.
 static int check_layout(const char *path, span_t *spans, size_t n, const st_tensor_t *t, uint64_t data_size) {
-    qsort(spans, n, sizeof *spans, cmp_span);
+    if (n > 1) qsort(spans, n, sizeof *spans, cmp_span);
     uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
         const span_t *s = &spans[i];
@@ -245,6 +246,12 @@ static cJSON *parse_header(const mapped_file_t *f, uint64_t *header_len) {
         mv_error("%s: the %llu-byte header is not one JSON object", f->path, (unsigned long long)n);
         return NULL;
     }
+    // A tensor listed twice, or a name cut at a NUL, would bind the wrong bytes.
+    if (json_check_strict(h, text, (size_t)(end - text))) {
+        cJSON_Delete(h);
+        mv_error_prefix("%s: header", f->path);
+        return NULL;
+    }
     *header_len = n;
     return h;
 }
@@ -276,7 +283,8 @@ static int parse_file(const mapped_file_t *f, tensor_list_t *out) {
         rc = parse_entry(f->path, e, data, data_size, t, &spans[n]);
         n++;
     }
-    if (!rc) rc = check_layout(f->path, spans, n, out->t + first, data_size);
+    // out->t is still NULL when no file so far had a tensor: no pointer arithmetic on it then.
+    if (!rc) rc = check_layout(f->path, spans, n, n ? out->t + first : NULL, data_size);
     free(spans);
     cJSON_Delete(h);
     return rc;
@@ -337,7 +345,7 @@ int st_model_alloc(const char *source, const st_tensor_t *specs, size_t n, st_mo
         st_close(m);
         return mv_error("%s: out of memory (%zu bytes of tensors)", source, total);
     }
-    qsort(m->tensors, m->n_tensors, sizeof *m->tensors, cmp_tensor_name);
+    if (m->n_tensors > 1) qsort(m->tensors, m->n_tensors, sizeof *m->tensors, cmp_tensor_name);
     *out = m;
     return 0;
 }
@@ -364,7 +372,7 @@ static int load_files(st_model_t *m, char **paths, int n_files) {
     m->tensors = l.t;
     m->n_tensors = l.n;
     if (rc) return -1;
-    qsort(m->tensors, m->n_tensors, sizeof *m->tensors, cmp_tensor_name);
+    if (m->n_tensors > 1) qsort(m->tensors, m->n_tensors, sizeof *m->tensors, cmp_tensor_name);
     for (size_t i = 1; i < m->n_tensors; i++)
         if (strcmp(m->tensors[i - 1].name, m->tensors[i].name) == 0)
             return mv_error("%s: tensor %s appears twice (in %s and in %s)", m->source, m->tensors[i].name,

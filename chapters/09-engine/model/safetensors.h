@@ -25,7 +25,9 @@
  *
  * st_open() checks, and every failure names the file and the tensor:
  *   - the header length fits in the file, the header is one JSON object
- *     (trailing spaces allowed), "__metadata__" (if any) is an object;
+ *     (trailing spaces allowed) with no key twice and no NUL in a string
+ *     (json_check_strict), "__metadata__" (if any) is an object; a header
+ *     of no tensors, "{}", is legal (and the model it gives has none);
  *   - each tensor: dtype BF16, F16 or F32 (anything else is refused by
  *     name), a shape of at most 8 non-negative dims, data_offsets
  *     [begin, end) inside the data section with end - begin == numel * the

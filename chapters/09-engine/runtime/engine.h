@@ -20,9 +20,20 @@
  * Bad requests: engine_generate() checks every request before running any
  * (ids inside the vocabulary, the scheduler's own checks: empty prompt,
  * max_tokens < 1, too long, never fits in the cache...), and a bad one fails
- * the whole call with -1 and a message naming the request's index. A batch
- * is then all or nothing, which is what a command-line user expects from a
- * file with a typo in it.
+ * the whole call with -1 and a message naming the request's index. A file
+ * with a typo in it runs nothing, which is what a command-line user expects.
+ *
+ * Once running, one request never sinks the others: a request that cannot
+ * go on (logits with no finite value to sample from, on either backend)
+ * ends there with its `error` set (finish_reason "error") and the tokens it
+ * had; the rest run to their end. engine_run() also hands each output over
+ * as its request finishes (on_finished, to write it out at once) and stops
+ * between two steps when asked (a flag set by a signal handler): whatever
+ * had finished is kept, the rest is reported as not done.
+ *
+ * Memory: engine_create() works out what the load will allocate
+ * (engine_memory_estimate) and refuses, naming the bytes needed and
+ * available, before it allocates any of it.
  *
  * Library code: 0 / -1 with mv_error(), never exits.
  * Tests: tests/test_engine_cpu.c. Try it: ./build/minivllm generate --help
@@ -30,6 +41,7 @@
 #ifndef MV_ENGINE_H
 #define MV_ENGINE_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "chapters/08-scheduler/sched/scheduler.h"
@@ -92,6 +104,12 @@ typedef struct {
     // Time to first token is first_token_s; time per output token after it is
     // (finish_s - first_token_s) / (num_tokens - 1). `minivllm bench --latency`.
     double first_token_s, finish_s;
+    int done;                    // 1 once the request finished (normally or with error); 0 if the run
+                                 // stopped first (engine_run's stop flag): then nothing else is set
+    char *error;                 // NULL, or why it could not go on: finish_reason "error", token_ids
+                                 // holding what it had generated before (malloc'd)
+    int num_unknown_tokens;      // of token_ids, ids the tokenizer has no token for (padding rows of
+                                 // the vocabulary: they decode to no text); 0 without a tokenizer
 } engine_output_t;
 
 typedef struct engine {
@@ -111,6 +129,10 @@ typedef struct engine {
     // the GPU's, so host_s / num_steps is what each step adds to the GPU time.
     double host_s, runner_s;
     int failed_request;          // the request a failing engine_generate named, else -1
+    int num_finished;            // requests done (their outputs filled), errors included
+    int num_failed;              // of those, ended with an error (finish_reason "error")
+    long long num_unknown_tokens;  // generated ids the tokenizer does not know (see engine_output_t)
+    int stopped;                 // 1: the last run stopped early at the hooks' stop flag
 } engine_t;
 
 // Optional hook: called with each sampled row's logits [vocab] before sampling.
@@ -119,18 +141,67 @@ typedef struct engine {
 // without the hook); with the hook it also copies the logits to the host.
 typedef void (*engine_logits_fn)(void *ctx, int request, int gen_index, const float *logits, int vocab);
 
+// Called once per request, as it finishes (outputs[request] filled and
+// done), in the order requests finish. Returning -1 (with mv_error(): a
+// write error, say) stops the run: engine_run then returns -1 with it.
+typedef int (*engine_finished_fn)(void *ctx, int request, const engine_output_t *out);
+
+typedef struct {
+    engine_logits_fn on_logits;         // optional, as engine_generate's
+    engine_finished_fn on_finished;     // optional
+    const volatile sig_atomic_t *stop;  // optional: read after every step; non-zero stops the run there
+                                        // (a signal handler sets it: no work in the handler)
+    void *ctx;                          // passed to both hooks
+} engine_hooks_t;
+
+// engine_run's result when it stopped at hooks->stop before every request finished.
+enum { ENGINE_STOPPED = 1 };
+
+// The memory a load needs, by part, before anything is allocated.
+typedef struct {
+    runner_memory_t runner;       // the model runner's (model_runner_memory_estimate)
+    size_t engine_bytes;          // the engine's host buffers: logits [max_num_seqs, vocab] fp32 and the
+                                  // sampler's scratch, when the host samples (cpu)
+    size_t random_weights_bytes;  // random_weights: the bf16 checkpoint drawn in memory, alive until the
+                                  // runner has converted it (a mapped checkpoint costs page cache only)
+    size_t host_bytes;            // everything above that lives in host memory on this device
+    size_t host_min_bytes;        // host_bytes with the KV cache counted as one sequence of max_model_len:
+                                  // what must fit to load at all (the cache is allocated whole but its
+                                  // pages are touched only as blocks fill, so its full size is reported,
+                                  // not required)
+    size_t device_bytes;          // cuda: the runner's device share (its KV cache only when num_blocks is
+                                  // set; runner_cuda.c sizes the rest against cudaMemGetInfo); cpu: 0
+} engine_memory_t;
+
+// c: resolved (engine_config_resolve). -1 with mv_error() on a bad shape.
+int engine_memory_estimate(const engine_config_t *c, const qwen3_config_t *m, engine_memory_t *out);
+// 0 when mem->host_min_bytes fits host_memory_available(); else -1 with
+// mv_error() naming both byte counts, the parts and which options lower them.
+int engine_memory_check(const engine_memory_t *mem, const engine_config_t *c);
+
+// Load the model (the memory check first), the tokenizer when there is one
+// (it may not have more ids than config.json's vocab_size), and the runner.
 int engine_create(const engine_config_t *cfg, engine_t **out);
 void engine_free(engine_t *e);
 
 // Run requests[0..n) to completion; outputs[i] belongs to requests[i]
-// (free them with engine_outputs_free). -1 with mv_error() naming the
-// request on a bad one (nothing is run then) or on a failing step.
+// (free them with engine_outputs_free). 0 when every request is done: each
+// ended normally or with its own error (e->num_failed of them); -1 with
+// mv_error() naming the request on a bad one (nothing is run then), on a
+// failing step, or when on_finished failed (the outputs are freed then);
+// ENGINE_STOPPED when *hooks->stop was set: the outputs with done == 1 are
+// valid (e->num_finished of them), the others empty. hooks may be NULL.
+int engine_run(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
+               const engine_hooks_t *hooks);
+// engine_run with only an on_logits hook (which may be NULL).
 int engine_generate(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
                     engine_logits_fn on_logits, void *ctx);
 void engine_outputs_free(engine_output_t *outputs, int n);
 
 // "stop" (an eos id) or "length" (max_tokens or max_model_len), as vLLM says.
 const char *engine_finish_reason(finish_reason_t r);
+// An output's: "error" when it ended with one, else engine_finish_reason's.
+const char *engine_output_finish_reason(const engine_output_t *o);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include "chapters/09-engine/model/qwen3_layout.h"
 #include "chapters/09-engine/runtime/sampler.h"
 #include "common/check.h"
 #include "common/gpu.h"
@@ -38,6 +41,79 @@ size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runne
     // K and V, every layer, block_size tokens of nkv heads of hd values.
     return 2 * (size_t)cfg->num_hidden_layers * (size_t)block_size * (size_t)cfg->num_key_value_heads *
            (size_t)cfg->head_dim * elem;
+}
+
+// ---- memory, before anything is allocated ------------------------------------------------------
+
+// The buffers of runner_cpu.c's cpu_create, one term per buffer, in its
+// order (weights, then per layer, then scratch): the CPU estimate is exact,
+// and tests/test_engine_cpu.c holds it to what cpu_create reports.
+int model_runner_memory_estimate(const qwen3_config_t *c, const runner_config_t *rc, runner_memory_t *out) {
+    *out = (runner_memory_t){0};
+    qwen3_layout_t lo;
+    if (qwen3_layout_init(&lo, c, 1, 0)) return -1;
+    const int cpu = rc->device == RUNNER_DEVICE_CPU;
+    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size, I = (size_t)c->intermediate_size;
+    const size_t hd = (size_t)c->head_dim, L = (size_t)c->num_hidden_layers;
+    const size_t qn = (size_t)c->num_attention_heads * hd;
+    const size_t qkv = (size_t)lo.qkv.rows, gate_up = (size_t)lo.gate_up.rows;
+    const size_t b16 = sizeof(bf16_t), f32 = sizeof(float), norm = cpu ? f32 : b16;
+    size_t w = V * H * b16 + (c->tie_word_embeddings ? 0 : V * H * b16) + H * norm;
+    size_t layer = 2 * H * norm + 2 * hd * norm + (qkv * H + H * qn + gate_up * H + H * I) * b16;
+    if (lo.qkv.has_bias) layer += (qkv + H) * b16;
+    out->weight_bytes = w + L * layer;
+    out->kv_cache_bytes = (size_t)rc->num_blocks * model_runner_block_bytes(c, rc->block_size, rc->device);
+    const size_t Tm = (size_t)rc->max_num_batched_tokens, Sm = (size_t)rc->max_num_seqs;
+    if (cpu)
+        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * f32 + Sm * H * f32 + (Sm + 1) * sizeof(int32_t);
+    else  // the same activations in bf16, and the logits of every row in fp32: a lower bound for cuda
+        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * b16 + Sm * V * f32;
+    out->rope_bytes = (size_t)rc->max_model_len * hd * f32;
+    if (!cpu) {
+        size_t largest = V * H;
+        if (qkv * H > largest) largest = qkv * H;
+        if (gate_up * H > largest) largest = gate_up * H;
+        out->host_bytes = largest * b16;
+    }
+    return 0;
+}
+
+// A "key: value" number of a /proc or /sys file, or -1.
+static long long read_number(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    size_t kn = key ? strlen(key) : 0;
+    while (v < 0 && fgets(line, sizeof line, f)) {
+        if (key && strncmp(line, key, kn) != 0) continue;
+        char *end;
+        long long x = strtoll(line + kn, &end, 10);
+        if (end != line + kn) v = x;
+        if (!key) break;
+    }
+    fclose(f);
+    return v;
+}
+
+int host_memory_available(size_t *bytes) {
+    long long avail = read_number("/proc/meminfo", "MemAvailable:");  // in kB
+    if (avail >= 0) {
+        avail *= 1024;
+    } else {
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages < 0 || page < 0) return mv_error("cannot tell how much memory is free (no /proc/meminfo)");
+        avail = (long long)pages * page;
+    }
+    // cgroup v2: memory.max is "max" when unlimited (read_number gives -1 then).
+    long long max = read_number("/sys/fs/cgroup/memory.max", NULL);
+    long long cur = read_number("/sys/fs/cgroup/memory.current", NULL);
+    if (max >= 0 && cur >= 0) {
+        long long left = max > cur ? max - cur : 0;
+        if (left < avail) avail = left;
+    }
+    *bytes = (size_t)avail;
+    return 0;
 }
 
 const char *model_runner_device_name(runner_device_t device) { return device == RUNNER_DEVICE_CUDA ? "cuda" : "cpu"; }
@@ -160,5 +236,12 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
                                                   (long long)sp->gen_index[k]);
     }
     if (in->num_tokens == 0) return 0;
-    return r->backend->step_sample(r, in, sp, sampled, logits);
+    if (r->backend->step_sample(r, in, sp, sampled, logits)) return -1;
+    // A failed row is the request's business (the engine ends it); an id
+    // outside the vocabulary is the backend's bug and fails the step.
+    for (int k = 0; k < in->num_sample; k++)
+        if (sampled[k] != RUNNER_ROW_FAILED && (sampled[k] < 0 || sampled[k] >= r->cfg.vocab_size))
+            return mv_error("model runner (%s): sampled row %d: id %d is outside the vocabulary [0, %d)",
+                            r->backend->name, k, sampled[k], r->cfg.vocab_size);
+    return 0;
 }

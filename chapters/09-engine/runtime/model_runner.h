@@ -111,7 +111,10 @@ typedef struct {
     // Optional (NULL: the engine samples on the host from step's logits).
     // One forward pass and sampling on the device: sampled [num_sample]
     // ids on the host; logits [num_sample, vocab] fp32 also copied to the
-    // host when not NULL (the engine's on_logits hook wants them).
+    // host when not NULL (the engine's on_logits hook wants them). A row
+    // whose logits have no finite value gets RUNNER_ROW_FAILED (the GPU
+    // sampler's -1) and the call still returns 0: one request's NaNs must
+    // not fail the other rows of the step.
     int (*step_sample)(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                        int32_t *sampled, float *logits);
 } runner_backend_t;
@@ -150,6 +153,29 @@ int model_runner_build_rope(rope_cache_t *rope, const qwen3_config_t *cfg, int m
 // (the CPU backend keeps fp32 caches; the CUDA one keeps bf16).
 size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runner_device_t device);
 
+// What a runner will allocate, worked out from the shapes before anything is
+// allocated, so that a load that cannot fit is refused with the numbers
+// instead of ending in the out-of-memory killer. On cpu it is exact: the
+// three sums model_runner_create reports afterwards in weight_bytes,
+// kv_cache_bytes and scratch_bytes (plus rope_bytes, the RoPE cache). On
+// cuda it is the device's share as bf16 weights and the KV cache of
+// rc->num_blocks (0 while the runner is to size it), for runner_cuda.c to
+// compare with cudaMemGetInfo; host_bytes is what the cuda backend keeps on
+// the host while converting (one bf16 copy of the largest tensor).
+typedef struct {
+    size_t weight_bytes;    // weights as the backend keeps them (bf16 matrices, fp32 norms on cpu)
+    size_t kv_cache_bytes;  // num_blocks blocks of every layer's K and V
+    size_t scratch_bytes;   // activations for max_num_batched_tokens tokens, max_num_seqs rows
+    size_t rope_bytes;      // the cos/sin cache [max_model_len, head_dim] fp32
+    size_t host_bytes;      // cuda: host memory beside the device's (conversion buffer); cpu: 0
+} runner_memory_t;
+int model_runner_memory_estimate(const qwen3_config_t *cfg, const runner_config_t *rc, runner_memory_t *out);
+// Host memory a new allocation can get without swapping or the OOM killer:
+// /proc/meminfo's MemAvailable (else sysconf's free pages), lowered to what
+// the cgroup (v2 memory.max minus memory.current) leaves, as in a container.
+// 0 with *bytes; -1 with mv_error() when neither can be read.
+int host_memory_available(size_t *bytes);
+
 // Build a runner for the checkpoint `weights` with config `cfg`.
 // -1 with mv_error() on a bad size, an unavailable device or no memory.
 int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, const runner_config_t *rc,
@@ -163,9 +189,15 @@ int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits)
 
 // 1 when the backend samples on its device (step_sample), else 0.
 int model_runner_samples_on_device(const model_runner_t *r);
+// The id of a sampled row whose logits had no finite value (all NaN, all
+// -inf, or a +inf): that row's request cannot go on, the others can.
+#define RUNNER_ROW_FAILED (-1)
+
 // The checks of model_runner_step plus the sampling parameters', then one
-// step with sampling on the device. sampled: [num_sample]; a row whose
-// logits have no finite value fails the step naming the row.
+// step with sampling on the device. sampled: [num_sample], each an id in
+// [0, vocab) or RUNNER_ROW_FAILED for a row whose logits have no finite
+// value (the step still succeeds: the engine ends that request alone).
+// Any other value from the backend fails the step.
 // logits: NULL, or [num_sample, vocab] fp32 to be filled as well.
 int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                              int32_t *sampled, float *logits);

@@ -361,6 +361,23 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
         s->cublas = NULL;
         return mv_error("cublasCreate: %s", cublasGetStatusName(st));
     }
+    // Will the model fit? Checked before the first allocation, so that a
+    // checkpoint too large for this GPU is refused with the numbers, not
+    // after minutes of copying weights (model_runner_memory_estimate is a
+    // lower bound on what the allocations below take).
+    runner_memory_t est;
+    size_t free_b = 0, total_b = 0;
+    if (model_runner_memory_estimate(c, rc, &est) || CUDA_TRY(cudaMemGetInfo(&free_b, &total_b))) return -1;
+    const size_t one_seq = (size_t)((rc->max_model_len + rc->block_size - 1) / rc->block_size) *
+                           model_runner_block_bytes(c, rc->block_size, RUNNER_DEVICE_CUDA);
+    const size_t need = est.weight_bytes + est.scratch_bytes + est.rope_bytes + CUBLAS_WORKSPACE_BYTES +
+                        (rc->num_blocks ? est.kv_cache_bytes : one_seq);
+    if (need > free_b)
+        return mv_error("the model needs at least %zu bytes of GPU memory (weights %zu, scratch %zu, KV cache %zu%s); "
+                        "the GPU has %zu free of %zu (lower --max-model-len, --max-num-seqs, "
+                        "--max-num-batched-tokens or --num-blocks)",
+                        need, est.weight_bytes, est.scratch_bytes, rc->num_blocks ? est.kv_cache_bytes : one_seq,
+                        rc->num_blocks ? "" : " for one max_model_len sequence", free_b, total_b);
     size_t *sb = &r->scratch_bytes, *wb = &r->weight_bytes;
     if (dev_alloc(&s->d_cublas_ws, CUBLAS_WORKSPACE_BYTES, sb, "the cuBLAS workspace")) return -1;
     // The stream first: cublasSetStream puts the handle back on cuBLAS's own
@@ -790,7 +807,7 @@ static int cuda_step(model_runner_t *r, const runner_step_t *in, float *logits) 
 static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                             int32_t *sampled, float *logits) {
     cuda_state_t *s = r->state;
-    const int N = in->num_sample, V = r->cfg.vocab_size;
+    const int N = in->num_sample;
     const int decode = is_decode_step(in);
     if (decode ? run_decode(r, in, sp) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
     if (N > 0) {
@@ -801,12 +818,10 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
             return -1;
     }
     if (finish_step(s)) return -1;
-    for (int k = 0; k < N; k++) {
-        if (s->h.sampled[k] < 0 || s->h.sampled[k] >= V)
-            return mv_error("sampled row %d: the logits have no finite value (the GPU sampler returned %d)", k,
-                            s->h.sampled[k]);
-        sampled[k] = s->h.sampled[k];
-    }
+    // A row whose logits have no finite value comes back as -1,
+    // RUNNER_ROW_FAILED: model_runner_step_sample ends that request alone
+    // (and refuses any other id outside the vocabulary).
+    for (int k = 0; k < N; k++) sampled[k] = s->h.sampled[k];
     return 0;
 }
 

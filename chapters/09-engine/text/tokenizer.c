@@ -17,9 +17,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 #include <xxhash.h>
 
+#include "chapters/09-engine/model/mapped_file.h"
 #include "common/check.h"
 
 // ---- growable buffers --------------------------------------------------------------
@@ -243,28 +245,39 @@ static void merge_insert(tokenizer_t *t, int32_t a, int32_t b, int32_t rank, int
 
 // ---- loading ----------------------------------------------------------------------------
 
+// The whole file, NUL-terminated. Only a regular file: fopen() opens a
+// directory too, and its "size" from fseek/ftell is LONG_MAX on Linux, which
+// malloc would be asked for.
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
         mv_error("cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
-    char *buf = NULL;
-    long size = -1;
-    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
-    if (size >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)size + 1))) {
-        if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    if (!buf) {
-        mv_error("cannot read %s", path);
+    struct stat st;
+    int stat_ok = fstat(fileno(f), &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+        int dir = stat_ok && S_ISDIR(st.st_mode);
+        fclose(f);
+        mv_error("%s is not a regular file%s", path, dir ? " (it is a directory)" : "");
         return NULL;
     }
-    buf[size] = '\0';
-    *len = (size_t)size;
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        mv_error("%s: out of memory for its %lld bytes", path, (long long)st.st_size);
+        return NULL;
+    }
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    int bad = n != (size_t)st.st_size || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        mv_error("cannot read %s (%zu of %lld bytes read)", path, n, (long long)st.st_size);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
     return buf;
 }
 
@@ -272,12 +285,23 @@ static cJSON *parse_json_file(const char *path) {
     size_t len;
     char *text = read_file(path, &len);
     if (!text) return NULL;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!root) {
         // cJSON points at where parsing stopped: report it as a byte offset.
         const char *at = cJSON_GetErrorPtr();
         long off = at && at >= text && at <= text + len ? (long)(at - text) : -1;
         mv_error("%s: malformed JSON near byte %ld (truncated or not JSON?)", path, off);
+    } else {
+        size_t at = (size_t)(end - text);
+        while (at < len && strchr(" \t\r\n", text[at]) && text[at]) at++;
+        int rc = at < len ? mv_error("%s: malformed JSON: unexpected bytes after the value at byte %zu", path, at)
+                 : json_check_strict(root, text, len) ? mv_error_prefix("%s", path)
+                                                      : 0;
+        if (rc) {
+            cJSON_Delete(root);
+            root = NULL;
+        }
     }
     free(text);
     return root;
@@ -413,7 +437,10 @@ static int rewrite_white_space(const char *pat, tok_bytes_t *out) {
 
 static int compile_regex(tokenizer_t *t, const char *pattern) {
     tok_bytes_t pat = {0};
-    if (rewrite_white_space(pattern, &pat)) return -1;
+    if (rewrite_white_space(pattern, &pat)) {
+        tok_bytes_free(&pat);  // the part rewritten before the refusal
+        return -1;
+    }
     int err;
     PCRE2_SIZE at;
     // UTF: work in code points; UCP: \p{L} etc. by Unicode properties.
@@ -882,13 +909,24 @@ int tokenizer_encode(tokenizer_t *t, const char *text, size_t len, tok_ids_t *ou
 
 // ---- decode -----------------------------------------------------------------------------
 
+// The bytes of one id. An id the tokenizer does not know (past its last id,
+// or a gap in its numbering) has none: a model's vocabulary is padded past
+// the tokenizer's (Qwen3: 151,936 embedding rows, 151,669 ids), sampling can
+// land on a padding row, and Hugging Face and vLLM decode such an id to no
+// text. Only a negative id, which no model produces, is an error.
 static int id_bytes(const tokenizer_t *t, int32_t id, int skip_special, const char **p, size_t *n) {
-    if (id < 0 || id >= t->n_ids || t->kind[id] == KIND_NONE)
-        return mv_error("unknown token id %d (ids run from 0 to %d)", id, t->n_ids - 1);
+    if (id < 0) return mv_error("token id %d is negative", id);
+    *p = t->text;
+    *n = 0;
+    if (id >= t->n_ids || t->kind[id] == KIND_NONE) return 0;
     int skip = skip_special && t->kind[id] == KIND_SPECIAL;
     *p = t->text + t->text_off[id];
     *n = skip ? 0 : t->text_off[id + 1] - t->text_off[id];
     return 0;
+}
+
+int tokenizer_knows_id(const tokenizer_t *t, int32_t id) {
+    return id >= 0 && id < t->n_ids && t->kind[id] != KIND_NONE;
 }
 
 int tokenizer_decode(const tokenizer_t *t, const int32_t *ids, size_t n, int skip_special, tok_bytes_t *out) {

@@ -55,8 +55,9 @@ void tok_ids_free(tok_ids_t *v);
 typedef struct tokenizer tokenizer_t;  // defined in tokenizer.c
 
 // Load from a model directory: DIR/tokenizer.json and DIR/tokenizer_config.json.
-// Returns NULL (with mv_last_error()) if a file is missing, malformed, or
-// asks for something this tokenizer does not implement.
+// Returns NULL (with mv_last_error()) if a file is missing, not a regular
+// file, malformed (a key twice or a NUL in a string included:
+// json_check_strict), or asks for something this tokenizer does not implement.
 tokenizer_t *tokenizer_load(const char *model_dir);
 void tokenizer_free(tokenizer_t *tok);
 
@@ -67,7 +68,9 @@ int tokenizer_encode(tokenizer_t *tok, const char *text, size_t len, tok_ids_t *
 // Append the text of `ids` to `out`. Bytes that do not form valid UTF-8
 // become U+FFFD, one per maximal invalid sequence (what Hugging Face and
 // Python's errors="replace" do). skip_special drops special added tokens.
-// An id outside the vocabulary is an error (-1).
+// An id the tokenizer does not know (tokenizer_knows_id: a padding row of
+// the model's vocabulary) contributes no text, as in Hugging Face and vLLM;
+// only a negative id is an error (-1).
 int tokenizer_decode(const tokenizer_t *tok, const int32_t *ids, size_t n, int skip_special,
                      tok_bytes_t *out);
 
@@ -89,6 +92,9 @@ int tok_stream_flush(tok_stream_t *s, tok_bytes_t *out);
 
 // ---- what the engine needs to know about the vocabulary ----------------------------
 int32_t tokenizer_n_ids(const tokenizer_t *tok);     // one past the largest id
+// 1 if id has a token (text); 0 for a negative id, one past the last, or a
+// gap in the numbering. The engine counts the generated ids it does not know.
+int tokenizer_knows_id(const tokenizer_t *tok, int32_t id);
 int32_t tokenizer_eos_id(const tokenizer_t *tok);    // from tokenizer_config.json, -1 if none
 int32_t tokenizer_token_id(const tokenizer_t *tok, const char *added_token);  // -1 if not added
 int tokenizer_is_special(const tokenizer_t *tok, int32_t id);
