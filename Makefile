@@ -4,12 +4,13 @@
 # Layout: common/ (shared host code), reference/ (CPU reference, C11),
 # kernels/ (CUDA kernels), chapters/NN-name/ (main.c = the chapter's
 # executable; other .c files there are library code later chapters reuse;
-# chapter 09 is split into model/, runtime/, text/ and cli/), tests/
+# chapter 09 is split into model/, runtime/, text/, serve/ and cli/), tests/
 # (Criterion tests, one binary per tests/test_*.c). `make help` lists the
 # targets.
 #
 # Variables:
-#   CUDA_ARCH="80 86 89 90"  GPU architectures to build for (sm_XX)
+#   CUDA_ARCH="80 86 89 90"  GPU architectures to build for (sm_XX); default: the
+#                            GPU of this machine, or 90 when there is none
 #   NO_CUDA=1                build the CPU half only, even when nvcc exists
 #   SANITIZE=1               AddressSanitizer + UBSan build in build-san/ (CPU half)
 #   DEPS_PREFIX=/opt/deps    where Debian packages were unpacked with dpkg -x
@@ -24,7 +25,20 @@ BUILD      ?= build
 MV_QWEN3_DIR ?= $(abspath $(wildcard ../shared/models/qwen3-0.6b))
 export MV_QWEN3_DIR
 CUDA_HOME  ?= /usr/local/cuda
-CUDA_ARCH  ?= 80 86 89 90
+# The GPU architectures nvcc builds for. Each one is a full compile of every
+# kernel, so by default only the GPU in this machine (nvidia-smi's compute
+# capability, 9.0 -> 90), or, with no GPU to ask, sm_90 alone (the H200 the
+# lab measures on): one compile of the kernels instead of four.
+# CUDA_ARCH="80 86 89 90" (A100, A10/3090, L4/4090, H100/H200) builds
+# for all of them. Exported, so the sub-makes of `make run` do not ask again
+# and print the same reason.
+ifeq ($(origin CUDA_ARCH),undefined)
+  CUDA_ARCH_FOUND := $(strip $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+                       | grep -E '^[0-9]+\.[0-9]+$$' | tr -d . | sort -u))
+  CUDA_ARCH := $(if $(CUDA_ARCH_FOUND),$(CUDA_ARCH_FOUND),90)
+  CUDA_ARCH_WHY := $(if $(CUDA_ARCH_FOUND),the GPU found here,no GPU found; CUDA_ARCH='80 86 89 90' builds for all)
+endif
+export CUDA_ARCH CUDA_ARCH_WHY
 SANITIZE   ?= 0
 NO_CUDA    ?= 0
 DEPS_PREFIX ?=
@@ -103,6 +117,7 @@ CFLAGS := $(CSTD) $(OPT) $(WARN)
 #                                              their packing (calls chapter 03's shard rules)
 #   libmv_text     chapters/09-engine/text/    tokenizer, chat template
 #   libmv_runtime  chapters/09-engine/runtime/ engine loop, runner, backends, sampler
+#   libmv_serve    chapters/09-engine/serve/   the HTTP server (libmicrohttpd): only minivllm links it
 #   chapters/09-engine/cli/                    the minivllm program (not an archive)
 #
 # So build/01-activation compiles common/, reference/, kernels/ and its
@@ -114,6 +129,7 @@ SCHED_SRC   := $(wildcard chapters/08-scheduler/sched/*.c)
 MODEL_SRC   := $(wildcard chapters/09-engine/model/*.c)
 TEXT_SRC    := $(wildcard chapters/09-engine/text/*.c)
 RUNTIME_SRC := $(wildcard chapters/09-engine/runtime/*.c)
+SERVE_SRC   := $(wildcard chapters/09-engine/serve/*.c)
 CLI_SRC     := $(wildcard chapters/09-engine/cli/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(filter %.cu,$(1)))
@@ -127,6 +143,7 @@ LIB_CH08    := $(L)/libmv_ch08.a
 LIB_MODEL   := $(L)/libmv_model.a
 LIB_TEXT    := $(L)/libmv_text.a
 LIB_RUNTIME := $(L)/libmv_runtime.a
+LIB_SERVE   := $(L)/libmv_serve.a
 
 $(LIB_CORE):    $(call obj,$(CORE_SRC) $(CU_SRC))
 $(LIB_CH03):    $(call obj,$(call chapter_lib_src,03-linear-tp))
@@ -137,6 +154,7 @@ $(LIB_CH08):    $(call obj,$(call chapter_lib_src,08-scheduler))
 $(LIB_MODEL):   $(call obj,$(MODEL_SRC))
 $(LIB_TEXT):    $(call obj,$(TEXT_SRC))
 $(LIB_RUNTIME): $(call obj,$(RUNTIME_SRC))
+$(LIB_SERVE):   $(call obj,$(SERVE_SRC))
 $(L)/%.a:
 	@mkdir -p $(dir $@)
 	@rm -f $@
@@ -147,6 +165,9 @@ $(L)/%.a:
 CORE_LDLIBS   := $(CUDA_LIBS) -lpthread -lm
 ENGINE_LIBS   := $(LIB_RUNTIME) $(LIB_TEXT) $(LIB_MODEL) $(LIB_SCHED) $(LIB_CH03) $(LIB_CORE)
 ENGINE_LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lxxhash $(CORE_LDLIBS)
+# The server's HTTP library, for build/minivllm alone (no chapter, test or
+# check links it; tests/test_layering.c checks).
+SERVE_LDLIBS  := -lmicrohttpd
 LIBS_01-activation := $(LIB_CORE)
 LIBS_02-rmsnorm    := $(LIB_CORE)
 LIBS_03-linear-tp  := $(LIB_CH03) $(LIB_CORE)
@@ -173,14 +194,17 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 .SECONDARY:
 
 all: $(CHAPTER_BINS) $(BUILD)/engine_check
-	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
+	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ $(BUILT_WITH)"
 
 # Chapters 01-08 alone: they build even when the engine's code does not.
 chapters: $(LAB_BINS)
-	@echo "built $(words $(LAB_BINS)) chapter executable(s) in $(BUILD)/ (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))"
+	@echo "built $(words $(LAB_BINS)) chapter executable(s) in $(BUILD)/ $(BUILT_WITH)"
 
 comma := ,
 space := $(empty) $(empty)
+# "(CUDA: yes, sm_90 (no GPU found; ...), NCCL: yes)": what was built, and
+# why only those architectures when make chose them.
+BUILT_WITH = (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(if $(CUDA_ARCH_WHY), ($(CUDA_ARCH_WHY)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))
 
 help:
 	@echo "mini-vLLM Lab - make targets (see README.md):"
@@ -193,7 +217,7 @@ help:
 	@echo "  make build/minivllm  the engine (chapter 09)"
 	@echo "  make results         docs/results/*.md from the committed --json files"
 	@echo "  make clean           remove build/ and build-san/"
-	@echo "variables: CUDA_ARCH=\"80 86 89 90\"  NO_CUDA=1  SANITIZE=1  DEPS_PREFIX=/opt/deps  MODEL=DIR PROMPT=..."
+	@echo "variables: CUDA_ARCH=\"80 86 89 90\" (default: this machine's GPU, else 90)  NO_CUDA=1  SANITIZE=1  DEPS_PREFIX=/opt/deps  MODEL=DIR PROMPT=..."
 
 # make compares file times only: a CUDA build over a NO_CUDA=1 one in the
 # same directory (or another CUDA_ARCH) would keep objects built with the
@@ -218,8 +242,8 @@ $(BUILD)/obj/%.cu.o: %.cu $(FLAGS_STAMP)
 $(LAB_BINS): $(BUILD)/%: $(BUILD)/obj/chapters/%/main.o $$(LIBS_$$*)
 	$(LINK) $(LDFLAGS) $< $(LIBS_$*) $(LDLIBS_$*) $(CORE_LDLIBS) -o $@
 
-$(BUILD)/minivllm: $(call obj,$(CLI_SRC)) $(ENGINE_LIBS)
-	$(LINK) $(LDFLAGS) $(call obj,$(CLI_SRC)) $(ENGINE_LIBS) $(ENGINE_LDLIBS) -o $@
+$(BUILD)/minivllm: $(call obj,$(CLI_SRC)) $(LIB_SERVE) $(ENGINE_LIBS)
+	$(LINK) $(LDFLAGS) $(call obj,$(CLI_SRC)) $(LIB_SERVE) $(ENGINE_LIBS) $(SERVE_LDLIBS) $(ENGINE_LDLIBS) -o $@
 
 # The engine's GPU check (tests/gpu/engine_check.c): the cuda backend against
 # transformers' goldens and the GPU sampler against the CPU reference. Built

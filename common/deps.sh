@@ -25,6 +25,7 @@ needs=(
   "pcre2.h libpcre2-dev"
   "utf8proc.h libutf8proc-dev"
   "xxhash.h libxxhash-dev"
+  "microhttpd.h libmicrohttpd-dev"
 )
 [ "$want_test" = 1 ] && needs+=("criterion/criterion.h libcriterion-dev")
 

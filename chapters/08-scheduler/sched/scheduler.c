@@ -153,6 +153,11 @@ static request_error_t validate_request(const scheduler_t *s, const int32_t *pro
 
 int scheduler_add_request(scheduler_t *s, const int32_t *prompt, int n, const sampling_params_t *p,
                           int64_t *id, request_error_t *err) {
+    return scheduler_add_request_user(s, prompt, n, p, NULL, id, err);
+}
+
+int scheduler_add_request_user(scheduler_t *s, const int32_t *prompt, int n, const sampling_params_t *p,
+                               void *user, int64_t *id, request_error_t *err) {
     request_error_t e = validate_request(s, prompt, n, p);
     if (err) *err = e;
     if (e != REQ_OK) {
@@ -162,9 +167,40 @@ int scheduler_add_request(scheduler_t *s, const int32_t *prompt, int n, const sa
     if (reserve(&s->waiting, &s->cap_waiting, s->num_waiting + 1)) return -1;
     sequence_t *q = sequence_create(s->next_id, prompt, n, p, s->cfg.max_model_len, s->cfg.block_size);
     if (!q) return -1;
+    q->user = user;
     s->waiting[s->num_waiting++] = q;
     if (id) *id = s->next_id;
     s->next_id++;
+    return 0;
+}
+
+// Remove entry i of arr[0..*n), keeping the order of the others.
+static void remove_at(sequence_t **arr, int *n, int i) {
+    memmove(arr + i, arr + i + 1, (size_t)(*n - i - 1) * sizeof(sequence_t *));
+    (*n)--;
+}
+
+int scheduler_abort(scheduler_t *s, int64_t id) {
+    if (s->step_in_flight) return mv_error("scheduler_abort: a step is in flight (abort between steps)");
+    // Room in the finished list first, so that a failure leaves everything as it was.
+    if (reserve(&s->finished, &s->cap_finished, s->num_finished + 1)) return -1;
+    sequence_t *q = NULL;
+    for (int i = 0; i < s->num_running && !q; i++)
+        if (s->running[i]->id == id) {
+            q = s->running[i];
+            remove_at(s->running, &s->num_running, i);
+            bm_release(&s->bm, q);
+        }
+    for (int i = 0; i < s->num_waiting && !q; i++)
+        if (s->waiting[i]->id == id) {
+            q = s->waiting[i];
+            remove_at(s->waiting, &s->num_waiting, i);
+        }
+    if (!q) return 1;
+    q->status = SEQ_FINISHED;
+    q->finish_reason = FINISH_ABORTED;
+    s->finished[s->num_finished++] = q;
+    s->num_aborted++;
     return 0;
 }
 

@@ -109,7 +109,7 @@ typedef struct {
     int step_in_flight;        // 1 between schedule and postprocess
     int64_t next_id;
     // statistics
-    long long num_steps, num_preemptions, num_rejected;
+    long long num_steps, num_preemptions, num_rejected, num_aborted;
     long long num_prompt_tokens_admitted;  // tokens looked up in the prefix cache at admission
     long long num_cached_tokens_admitted;  // of those, found in the cache
     long long num_tokens_scheduled;        // query tokens over all steps
@@ -123,6 +123,18 @@ void scheduler_free(scheduler_t *s);
 // mv_last_error(); the scheduler is unchanged and goes on with the others.
 int scheduler_add_request(scheduler_t *s, const int32_t *prompt, int n, const sampling_params_t *p,
                           int64_t *id, request_error_t *err);
+// The same, with the caller's pointer stored in the sequence (sequence_t.user).
+int scheduler_add_request_user(scheduler_t *s, const int32_t *prompt, int n, const sampling_params_t *p,
+                               void *user, int64_t *id, request_error_t *err);
+
+// Take request `id` out now, between two steps (a server's client went
+// away): a running sequence gives its blocks back at once (its full blocks
+// stay in the prefix cache, unreferenced, as a finished one's do), a
+// waiting one leaves the queue. It joins the finished list with
+// FINISH_ABORTED and the tokens it had, for scheduler_pop_finished.
+// 0 when aborted, 1 when no unfinished request has that id (it finished
+// already), -1 with mv_error() while a step is in flight.
+int scheduler_abort(scheduler_t *s, int64_t id);
 
 // Plan the next step. *out points at the scheduler's step; num_seqs is 0
 // only when there is nothing left to run. -1 if the previous step was not

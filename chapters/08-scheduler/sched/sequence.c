@@ -70,6 +70,7 @@ const char *finish_reason_name(finish_reason_t r) {
     case FINISH_EOS: return "eos";
     case FINISH_MAX_TOKENS: return "max_tokens";
     case FINISH_MAX_MODEL_LEN: return "max_model_len";
+    case FINISH_ABORTED: return "aborted";
     }
     return "?";
 }

@@ -33,6 +33,7 @@ typedef enum {
     FINISH_EOS,            // sampled one of the end-of-sequence ids
     FINISH_MAX_TOKENS,     // generated params.max_tokens tokens
     FINISH_MAX_MODEL_LEN,  // prompt + generated reached max_model_len
+    FINISH_ABORTED,        // taken out by scheduler_abort (a client that went away)
 } finish_reason_t;
 
 // What the sampler needs (chapter 09 reads these) and when to stop.
@@ -71,6 +72,8 @@ typedef struct {
     int max_blocks;                // ceil(max_model_len / block_size)
 
     int num_preemptions;           // times this sequence was preempted
+    void *user;                    // the caller's, never read here (chapter 09 keeps its
+                                   // per-request state there); NULL unless given
 } sequence_t;
 
 // A new waiting sequence holding a copy of prompt[n]; room for every token it

@@ -150,6 +150,8 @@ int cmd_inspect(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 // cmd_bench.c
 int cmd_bench(int argc, char **argv);
+// cmd_serve.c (with chapters/09-engine/serve/)
+int cmd_serve(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
  *   minivllm inspect    --model DIR                     check and describe a model directory
  *   minivllm generate   --model DIR --prompt "Hello"    run the engine (--device cpu or cuda)
  *   minivllm bench      --model DIR --random-weights    time the engine: output and total tok/s
+ *   minivllm serve      --model DIR --port 8000         an OpenAI-compatible HTTP server (serve/)
  * Adding a command is one line in COMMANDS below (see cli.h).
  *
  * Build and run:  make && ./build/minivllm --help   (--version: the version and the build)
@@ -30,6 +31,7 @@ static const command_t COMMANDS[] = {
     {"inspect", "check a model directory (config, weights) and describe it", cmd_inspect},
     {"generate", "prompts -> generated tokens with the engine (continuous batching)", cmd_generate},
     {"bench", "time the engine on random requests: output tok/s and total tok/s", cmd_bench},
+    {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming)", cmd_serve},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -3,6 +3,7 @@
  */
 #include "chapters/09-engine/runtime/engine.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,9 @@ engine_config_t engine_config_default(const char *model_dir) {
     return c;
 }
 
-const char *engine_finish_reason(finish_reason_t r) { return r == FINISH_EOS ? "stop" : "length"; }
+const char *engine_finish_reason(finish_reason_t r) {
+    return r == FINISH_EOS ? "stop" : r == FINISH_ABORTED ? "abort" : "length";
+}
 
 const char *engine_output_finish_reason(const engine_output_t *o) {
     return o->error ? "error" : engine_finish_reason(o->finish_reason);
@@ -257,86 +260,220 @@ static runner_step_t runner_step_from(const sched_step_t *st) {
                            st->slot_mapping, st->block_tables, st->sample_token_index};
 }
 
+// ---- the engine core: requests added and aborted between steps -----------------------------
+
+// One request inside the core, hung on its sequence (sequence_t.user) from
+// engine_core_add until it is handed over in collect_finished.
 typedef struct {
+    void *user;                 // the caller's (engine_core_add)
+    sampling_params_t params;   // as given: the sequence's own max_tokens may be cut to end it early
+    uint64_t seed;              // keys this request's draws
+    int32_t *stop_ids;          // [num_stop_ids] stop_token_ids, malloc'd (NULL when none)
+    int num_stop_ids;
+    int32_t stop_hit;           // the stop_token_ids entry that ended it, else -1
+    char *failed;               // why it could not go on (set in the step it failed), else NULL
+    double arrival_s, first_token_s;  // since the core began (first_token_s 0 until then)
+} core_req_t;
+
+struct engine_core {
+    engine_t *e;
+    engine_core_hooks_t hooks;
     scheduler_t sched;
     sampling_scratch_t sampler;  // the host's sampling scratch, when the host samples
-    float *logits;     // [max_num_seqs, vocab]
+    float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or on_logits wants them
     int32_t *sampled;  // [max_num_seqs]
     // the sampled rows' parameters, for a runner that samples on its device
     float *temperature, *top_p;  // [max_num_seqs]
     int32_t *top_k;              // [max_num_seqs]
     uint64_t *seed;              // [max_num_seqs]
     int64_t *gen_index;          // [max_num_seqs]
-    int64_t first_id;  // the scheduler id of request 0 (ids are consecutive)
-    double t0;         // when engine_generate began: the outputs' times count from here
-    const engine_hooks_t *hooks;  // never NULL (engine_run puts empty hooks there)
-    char **failed;     // [n] why request i could not go on, set in the step it failed, else NULL
-} run_t;
+    double t0;                   // engine_core_create: every time in the outputs counts from here
+    engine_core_stats_t st;      // the counters (engine_core_stats adds the scheduler's gauges)
+};
 
-static int add_all(engine_t *e, run_t *run, const engine_request_t *reqs, int n) {
+static void core_req_free(core_req_t *r) {
+    if (!r) return;
+    free(r->stop_ids);
+    free(r->failed);
+    free(r);
+}
+
+double engine_core_now(const engine_core_t *c) { return now_s() - c->t0; }
+
+int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_core_t **out) {
+    *out = NULL;
+    engine_core_t *c = calloc(1, sizeof *c);
+    if (!c) return mv_error("engine: out of memory");
+    c->e = e;
+    if (hooks) c->hooks = *hooks;
+    c->t0 = now_s();
+    int rc = scheduler_init(&c->sched, &e->sched_cfg);
+    if (rc) {
+        free(c);
+        return -1;
+    }
+    const int on_device = model_runner_samples_on_device(e->runner);
+    if (!on_device) rc = sampling_scratch_init(&c->sampler, e->model.vocab_size);
+    const size_t Sm = (size_t)e->cfg.max_num_seqs;
+    // Host logits [max_num_seqs, vocab] fp32 (256 x 151936 x 4 = 156 MB on
+    // cuda's defaults): only when the host reads them, i.e. the host samples
+    // or on_logits wants them. A runner that samples on its device returns ids.
+    const int host_logits = !on_device || c->hooks.on_logits;
+    c->logits = host_logits ? malloc(Sm * (size_t)e->model.vocab_size * sizeof(float)) : NULL;
+    c->sampled = malloc(Sm * sizeof(int32_t));
+    c->temperature = malloc(Sm * sizeof(float));
+    c->top_p = malloc(Sm * sizeof(float));
+    c->top_k = malloc(Sm * sizeof(int32_t));
+    c->seed = malloc(Sm * sizeof(uint64_t));
+    c->gen_index = malloc(Sm * sizeof(int64_t));
+    if (!rc && ((host_logits && !c->logits) || !c->sampled || !c->temperature || !c->top_p || !c->top_k ||
+                !c->seed || !c->gen_index))
+        rc = mv_error("engine: out of memory");
+    if (rc) {
+        engine_core_free(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+// The requests the scheduler still holds own a core_req_t each.
+static void free_held(sequence_t **seqs, int n) {
     for (int i = 0; i < n; i++) {
-        const engine_request_t *r = &reqs[i];
-        int64_t id;
-        e->failed_request = i;
-        if (r->num_prompt > 0 && embedding_validate_ids(r->prompt, r->num_prompt, e->model.vocab_size))
-            return mv_error_prefix("request %lld", (long long)i);
-        if (scheduler_add_request(&run->sched, r->prompt, r->num_prompt, &r->params, &id, NULL))
-            return mv_error_prefix("request %lld", (long long)i);
-        e->failed_request = -1;
-        if (i == 0) run->first_id = id;
-        if (id != run->first_id + i) return mv_error("engine: the scheduler's ids are not consecutive");
+        core_req_free(seqs[i]->user);
+        seqs[i]->user = NULL;
+    }
+}
+
+void engine_core_free(engine_core_t *c) {
+    if (!c) return;
+    free_held(c->sched.waiting, c->sched.num_waiting);
+    free_held(c->sched.running, c->sched.num_running);
+    free_held(c->sched.finished, c->sched.num_finished);
+    scheduler_free(&c->sched);
+    sampling_scratch_free(&c->sampler);
+    free(c->logits);
+    free(c->sampled);
+    free(c->temperature), free(c->top_p), free(c->top_k), free(c->seed), free(c->gen_index);
+    free(c);
+}
+
+int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_stop_t *stop, void *user,
+                    int64_t *id) {
+    static const engine_stop_t no_stop = {NULL, 0};
+    if (!stop) stop = &no_stop;
+    const int V = c->e->model.vocab_size;
+    if (r->num_prompt > 0 && embedding_validate_ids(r->prompt, r->num_prompt, V)) return -1;
+    if (sampler_validate_params(&r->params)) return -1;
+    if (stop->n < 0 || (stop->n > 0 && !stop->ids)) return mv_error("stop_token_ids: %d ids and no list", stop->n);
+    for (int k = 0; k < stop->n; k++)
+        if (stop->ids[k] < 0 || stop->ids[k] >= V)
+            return mv_error("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", k, stop->ids[k], V);
+    core_req_t *q = calloc(1, sizeof *q);
+    if (!q) return mv_error("engine: out of memory");
+    *q = (core_req_t){.user = user, .params = r->params, .seed = r->seed, .stop_hit = -1,
+                      .arrival_s = engine_core_now(c)};
+    if (stop->n > 0) {
+        q->stop_ids = malloc((size_t)stop->n * sizeof(int32_t));
+        if (!q->stop_ids) {
+            core_req_free(q);
+            return mv_error("engine: out of memory");
+        }
+        memcpy(q->stop_ids, stop->ids, (size_t)stop->n * sizeof(int32_t));
+        q->num_stop_ids = stop->n;
+    }
+    int64_t got;
+    if (scheduler_add_request_user(&c->sched, r->prompt, r->num_prompt, &r->params, q, &got, NULL)) {
+        core_req_free(q);
+        return -1;
+    }
+    c->st.num_prompt_tokens += r->num_prompt;
+    if (id) *id = got;
+    return 0;
+}
+
+// Hand every finished sequence over to on_finished, as an engine_output_t.
+static int collect_finished(engine_core_t *c) {
+    sequence_t *q;
+    while ((q = scheduler_pop_finished(&c->sched))) {
+        core_req_t *r = q->user;
+        engine_output_t o = {0};
+        int g = sequence_num_generated(q);
+        int rc = 0;
+        if (!(o.token_ids = malloc((size_t)(g > 0 ? g : 1) * sizeof(int32_t)))) rc = mv_error("engine: out of memory");
+        if (!rc) {
+            if (r->failed) {
+                o.error = r->failed;  // the output owns it now
+                r->failed = NULL;
+                g--;                  // the placeholder
+                c->st.num_failed++;
+            }
+            memcpy(o.token_ids, q->tokens + q->num_prompt_tokens, (size_t)g * sizeof(int32_t));
+            o.num_tokens = g;
+            o.finish_reason = q->finish_reason;
+            o.stop_token_id = -1;
+            // A stop_token_ids entry cut max_tokens to end the request there: it
+            // stopped, as vLLM says, and the id stays in token_ids as an eos does.
+            if (r->stop_hit >= 0 && !o.error && q->finish_reason != FINISH_ABORTED) {
+                if (q->finish_reason != FINISH_EOS) o.stop_token_id = r->stop_hit;
+                o.finish_reason = FINISH_EOS;
+            }
+            o.num_prompt_tokens = q->num_prompt_tokens;
+            o.num_cached_tokens = q->num_cached_tokens;
+            o.arrival_s = r->arrival_s;
+            o.first_token_s = r->first_token_s;
+            o.finish_s = engine_core_now(c);
+            const tokenizer_t *tok = c->e->tokenizer;
+            for (int k = 0; tok && k < g; k++) o.num_unknown_tokens += !tokenizer_knows_id(tok, o.token_ids[k]);
+            c->st.num_unknown_tokens += o.num_unknown_tokens;
+            o.done = 1;
+            c->st.num_finished++;
+            c->st.num_aborted += q->finish_reason == FINISH_ABORTED;
+        }
+        void *user = r->user;
+        core_req_free(r);
+        q->user = NULL;
+        sequence_free(q);
+        if (rc) return -1;
+        if (!c->hooks.on_finished) engine_outputs_free(&o, 1);
+        else if (c->hooks.on_finished(c->hooks.ctx, user, &o)) return -1;
     }
     return 0;
 }
 
-// A request that cannot go on: the scheduler has no "abort", so the row
-// gets a placeholder token and its max_tokens is capped at this token: the
-// scheduler's own postprocess then finishes it and frees its blocks like any
-// other (the placeholder is never computed, so it reaches no cache block),
-// and collect_finished drops the placeholder and hands the error over.
-static int fail_request(run_t *run, sequence_t *q, int32_t *sampled, const char *why) {
-    const int64_t i = q->id - run->first_id;
-    if (!run->failed[i]) {
+int engine_core_abort(engine_core_t *c, int64_t id) {
+    int rc = scheduler_abort(&c->sched, id);
+    if (rc) return rc;
+    return collect_finished(c);
+}
+
+int engine_core_num_unfinished(const engine_core_t *c) { return scheduler_num_unfinished(&c->sched); }
+
+void engine_core_stats(const engine_core_t *c, engine_core_stats_t *out) {
+    *out = c->st;
+    out->num_running = c->sched.num_running;
+    out->num_waiting = c->sched.num_waiting;
+    out->num_blocks = c->sched.bm.num_blocks;
+    out->num_free_blocks = c->sched.bm.num_free;
+    out->num_prompt_tokens_looked_up = c->sched.num_prompt_tokens_admitted;
+    out->num_cached_tokens = c->sched.num_cached_tokens_admitted;
+    out->num_preemptions = c->sched.num_preemptions;
+}
+
+// A request that cannot go on: the scheduler has no "error" state, so the
+// row gets a placeholder token and its max_tokens is capped at this token:
+// the scheduler's own postprocess then finishes it and frees its blocks
+// like any other (the placeholder is never computed, so it reaches no cache
+// block), and collect_finished drops the placeholder and hands the error over.
+static int fail_request(sequence_t *q, int32_t *sampled, const char *why) {
+    core_req_t *r = q->user;
+    if (!r->failed) {
         char msg[512];
         snprintf(msg, sizeof msg, "generated token %d: %s", sequence_num_generated(q), why);
-        if (!(run->failed[i] = strdup(msg))) return mv_error("engine: out of memory");
+        if (!(r->failed = strdup(msg))) return mv_error("engine: out of memory");
     }
     q->params.max_tokens = sequence_num_generated(q) + 1;
     *sampled = 0;
-    return 0;
-}
-
-static int collect_finished(engine_t *e, run_t *run, int n, engine_output_t *outputs) {
-    sequence_t *q;
-    while ((q = scheduler_pop_finished(&run->sched))) {
-        int64_t i = q->id - run->first_id;
-        int g = sequence_num_generated(q);
-        int rc = 0;
-        if (i < 0 || i >= n) rc = mv_error("engine: a finished sequence with unknown id %lld", (long long)q->id);
-        else if (!(outputs[i].token_ids = malloc((size_t)(g > 0 ? g : 1) * sizeof(int32_t))))
-            rc = mv_error("engine: out of memory");
-        if (!rc) {
-            engine_output_t *o = &outputs[i];
-            if (run->failed[i]) {
-                o->error = run->failed[i];  // the output owns it now
-                run->failed[i] = NULL;
-                g--;                        // the placeholder
-                e->num_failed++;
-            }
-            memcpy(o->token_ids, q->tokens + q->num_prompt_tokens, (size_t)g * sizeof(int32_t));
-            o->num_tokens = g;
-            o->finish_reason = q->finish_reason;
-            o->finish_s = now_s() - run->t0;
-            for (int k = 0; e->tokenizer && k < g; k++)
-                o->num_unknown_tokens += !tokenizer_knows_id(e->tokenizer, o->token_ids[k]);
-            e->num_unknown_tokens += o->num_unknown_tokens;
-            o->done = 1;
-            e->num_finished++;
-        }
-        sequence_free(q);
-        if (rc) return -1;
-        if (run->hooks->on_finished && run->hooks->on_finished(run->hooks->ctx, (int)i, &outputs[i])) return -1;
-    }
     return 0;
 }
 
@@ -344,103 +481,130 @@ static int collect_finished(engine_t *e, run_t *run, int n, engine_output_t *out
 // parameters go with the step, ids come back (and the logits when on_logits
 // wants them). The key of a row's draw is (request seed, gen_index = tokens
 // the request had generated), the same key the host path draws with.
-static int step_on_device(engine_t *e, run_t *run, const engine_request_t *reqs, const sched_step_t *st,
-                          engine_logits_fn on_logits, void *ctx) {
-    const int V = e->model.vocab_size;
+static int step_on_device(engine_core_t *c, const sched_step_t *st) {
+    const int V = c->e->model.vocab_size;
     for (int k = 0; k < st->num_sample; k++) {
         const sequence_t *q = st->seqs[st->sample_rows[k]];
-        const int i = (int)(q->id - run->first_id);
-        const sampling_params_t *p = &reqs[i].params;
-        // The scheduler checked these when the request was added.
-        if (sampler_validate_params(p)) {
-            e->failed_request = i;
-            return mv_error_prefix("request %lld", (long long)i);
-        }
-        run->temperature[k] = p->temperature;
-        run->top_k[k] = p->top_k;
-        run->top_p[k] = p->top_p;
-        run->seed[k] = reqs[i].seed;
-        run->gen_index[k] = sequence_num_generated(q);
+        const core_req_t *r = q->user;
+        c->temperature[k] = r->params.temperature;
+        c->top_k[k] = r->params.top_k;
+        c->top_p[k] = r->params.top_p;
+        c->seed[k] = r->seed;
+        c->gen_index[k] = sequence_num_generated(q);
     }
     runner_step_t in = runner_step_from(st);
-    runner_sampling_t sp = {run->temperature, run->top_k, run->top_p, run->seed, run->gen_index};
-    if (model_runner_step_sample(e->runner, &in, &sp, run->sampled, on_logits ? run->logits : NULL))
-        return mv_error_prefix("step %lld", (long long)e->num_steps);
+    runner_sampling_t sp = {c->temperature, c->top_k, c->top_p, c->seed, c->gen_index};
+    if (model_runner_step_sample(c->e->runner, &in, &sp, c->sampled, c->hooks.on_logits ? c->logits : NULL))
+        return mv_error_prefix("step %lld", c->st.num_steps);
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
-        if (on_logits)
-            on_logits(ctx, (int)(q->id - run->first_id), sequence_num_generated(q), run->logits + (size_t)k * V, V);
-        if (run->sampled[k] == RUNNER_ROW_FAILED &&
-            fail_request(run, q, &run->sampled[k],
+        const core_req_t *r = q->user;
+        if (c->hooks.on_logits)
+            c->hooks.on_logits(c->hooks.ctx, r->user, sequence_num_generated(q), c->logits + (size_t)k * V, V);
+        if (c->sampled[k] == RUNNER_ROW_FAILED &&
+            fail_request(q, &c->sampled[k],
                          "the logits have no finite value (all NaN or -inf, or a +inf): the request cannot go on"))
             return -1;
     }
     return 0;
 }
 
-// The sampled rows that had generated nothing before this step: their first
-// token is on the host now (before postprocess appends it).
-static void stamp_first_tokens(const run_t *run, const sched_step_t *st, engine_output_t *outputs) {
+// The host samples: each row keyed by (request seed, gen_index), as
+// step_on_device keys the device's draw, so both backends draw the same.
+static int sample_on_host(engine_core_t *c, const sched_step_t *st) {
+    const int V = c->e->model.vocab_size;
     for (int k = 0; k < st->num_sample; k++) {
-        const sequence_t *q = st->seqs[st->sample_rows[k]];
-        if (sequence_num_generated(q) == 0) outputs[q->id - run->first_id].first_token_s = now_s() - run->t0;
+        sequence_t *q = st->seqs[st->sample_rows[k]];
+        const core_req_t *r = q->user;
+        const float *row = c->logits + (size_t)k * V;
+        const int64_t gen_index = sequence_num_generated(q);
+        if (c->hooks.on_logits) c->hooks.on_logits(c->hooks.ctx, r->user, (int)gen_index, row, V);
+        // The parameters were checked when the request was added: a
+        // failure here is this row's logits, and ends this request only.
+        if (sampler_sample(&c->sampler, row, &r->params, r->seed, gen_index, &c->sampled[k]) &&
+            fail_request(q, &c->sampled[k], mv_last_error()))
+            return -1;
+    }
+    return 0;
+}
+
+// Before postprocess: the first token's time, and stop_token_ids. A row
+// that sampled one of its request's stop ids gets max_tokens cut to this
+// token, so the scheduler finishes it in this postprocess and frees its blocks.
+static void before_postprocess(engine_core_t *c, const sched_step_t *st) {
+    const double t = engine_core_now(c);
+    for (int k = 0; k < st->num_sample; k++) {
+        sequence_t *q = st->seqs[st->sample_rows[k]];
+        core_req_t *r = q->user;
+        if (sequence_num_generated(q) == 0) r->first_token_s = t;
+        if (r->failed) continue;
+        for (int j = 0; j < r->num_stop_ids; j++)
+            if (c->sampled[k] == r->stop_ids[j]) {
+                r->stop_hit = c->sampled[k];
+                q->params.max_tokens = sequence_num_generated(q) + 1;
+                break;
+            }
     }
 }
 
-static int run_steps(engine_t *e, run_t *run, const engine_request_t *reqs, int n, engine_output_t *outputs) {
-    const engine_logits_fn on_logits = run->hooks->on_logits;
-    void *ctx = run->hooks->ctx;
-    const int V = e->model.vocab_size;
+int engine_core_step(engine_core_t *c) {
+    if (scheduler_num_unfinished(&c->sched) == 0) return 0;
+    engine_t *e = c->e;
+    const sched_step_t *st;
+    const double t_host = now_s();
+    if (scheduler_schedule(&c->sched, &st)) return -1;
+    if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
+    runner_step_t in = runner_step_from(st);
+    const double t_run = now_s();
+    c->st.host_s += t_run - t_host;
     const int on_device = model_runner_samples_on_device(e->runner);
-    int done = 0;
-    while (scheduler_num_unfinished(&run->sched) > 0) {
-        const sched_step_t *st;
-        const double t_host = now_s();
-        if (scheduler_schedule(&run->sched, &st)) return -1;
-        if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
-        runner_step_t in = runner_step_from(st);
-        const double t_run = now_s();
-        e->host_s += t_run - t_host;
-        if (on_device) {
-            if (step_on_device(e, run, reqs, st, on_logits, ctx)) return -1;
-        } else if (model_runner_step(e->runner, &in, run->logits)) {
-            return mv_error_prefix("step %lld", (long long)e->num_steps);
-        }
-        const double t_post = now_s();
-        e->runner_s += t_post - t_run;
-        // The host samples: each row keyed by (request seed, gen_index), as
-        // step_on_device keys the device's draw, so both backends draw the same.
-        for (int k = 0; !on_device && k < st->num_sample; k++) {
-            sequence_t *q = st->seqs[st->sample_rows[k]];
-            const int i = (int)(q->id - run->first_id);
-            const float *row = run->logits + (size_t)k * V;
-            const int64_t gen_index = sequence_num_generated(q);
-            if (on_logits) on_logits(ctx, i, (int)gen_index, row, V);
-            // The parameters were checked when the request was added: a
-            // failure here is this row's logits, and ends this request only.
-            if (sampler_sample(&run->sampler, row, &reqs[i].params, reqs[i].seed, gen_index, &run->sampled[k]) &&
-                fail_request(run, q, &run->sampled[k], mv_last_error()))
-                return -1;
-        }
-        stamp_first_tokens(run, st, outputs);
-        if (scheduler_postprocess(&run->sched, run->sampled)) return -1;
-        e->num_steps++;
-        e->num_generated_tokens += st->num_sample;
-        if (collect_finished(e, run, n, outputs)) return -1;
-        e->host_s += now_s() - t_post;
-        if (e->cfg.progress) {
-            done = n - scheduler_num_unfinished(&run->sched);
-            fprintf(stderr, "\rminivllm: step %lld, %d/%d requests done, %lld tokens generated", e->num_steps, done,
-                    n, e->num_generated_tokens);
-        }
-        // Between two steps nothing is half done: stop here when asked.
-        if (run->hooks->stop && *run->hooks->stop && scheduler_num_unfinished(&run->sched) > 0) {
-            e->stopped = 1;
-            break;
-        }
+    if (on_device) {
+        if (step_on_device(c, st)) return -1;
+    } else if (model_runner_step(e->runner, &in, c->logits)) {
+        return mv_error_prefix("step %lld", c->st.num_steps);
     }
-    if (e->cfg.progress) fprintf(stderr, "\n");
-    return e->stopped ? ENGINE_STOPPED : 0;
+    const double t_post = now_s();
+    c->st.runner_s += t_post - t_run;
+    if (!on_device && sample_on_host(c, st)) return -1;
+    before_postprocess(c, st);
+    if (scheduler_postprocess(&c->sched, c->sampled)) return -1;
+    c->st.num_steps++;
+    c->st.num_generated_tokens += st->num_sample;
+    // Each new token, before its request's on_finished (the finished
+    // sequences are still alive in the scheduler's finished list here).
+    for (int k = 0; c->hooks.on_token && k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        const core_req_t *r = q->user;
+        const int stop = q->status == SEQ_FINISHED && (q->finish_reason == FINISH_EOS || r->stop_hit >= 0);
+        if (!r->failed) c->hooks.on_token(c->hooks.ctx, r->user, c->sampled[k], stop);
+    }
+    int rc = collect_finished(c);
+    c->st.host_s += now_s() - t_post;
+    return rc;
+}
+
+// ---- engine_run: a batch, all added at once, through the core ---------------------------------
+
+typedef struct {
+    engine_output_t *outputs;     // [n]
+    int n;
+    const engine_hooks_t *hooks;  // never NULL
+} run_t;
+
+static int run_on_finished(void *ctx, void *user, engine_output_t *o) {
+    run_t *run = ctx;
+    const intptr_t i = (intptr_t)user;
+    if (i < 0 || i >= run->n) {
+        engine_outputs_free(o, 1);
+        return mv_error("engine: a finished request with unknown index %lld", (long long)i);
+    }
+    run->outputs[i] = *o;  // moved: outputs[i] owns the arrays now
+    return run->hooks->on_finished ? run->hooks->on_finished(run->hooks->ctx, (int)i, &run->outputs[i]) : 0;
+}
+
+static void run_on_logits(void *ctx, void *user, int gen_index, const float *logits, int vocab) {
+    const run_t *run = ctx;
+    run->hooks->on_logits(run->hooks->ctx, (int)(intptr_t)user, gen_index, logits, vocab);
 }
 
 int engine_run(engine_t *e, const engine_request_t *reqs, int n, engine_output_t *outputs,
@@ -448,48 +612,54 @@ int engine_run(engine_t *e, const engine_request_t *reqs, int n, engine_output_t
     static const engine_hooks_t no_hooks = {0};
     if (n < 0) return mv_error("engine: n must be >= 0");
     for (int i = 0; i < n; i++) outputs[i] = (engine_output_t){0};
-    double t0 = now_s();
-    e->num_steps = e->num_generated_tokens = e->num_prompt_tokens = e->num_unknown_tokens = 0;
-    e->host_s = e->runner_s = 0;
     e->failed_request = -1;
-    e->num_finished = e->num_failed = e->stopped = 0;
-    run_t run = {.t0 = t0, .hooks = hooks ? hooks : &no_hooks};
-    int rc = scheduler_init(&run.sched, &e->sched_cfg);
-    if (rc) return -1;
-    if (!model_runner_samples_on_device(e->runner)) rc = sampling_scratch_init(&run.sampler, e->model.vocab_size);
-    const size_t Sm = (size_t)e->cfg.max_num_seqs;
-    // Host logits [max_num_seqs, vocab] fp32 (256 x 151936 x 4 = 156 MB on
-    // cuda's defaults): only when the host reads them, i.e. the host samples
-    // or on_logits wants them. A runner that samples on its device returns ids.
-    const int host_logits = !model_runner_samples_on_device(e->runner) || run.hooks->on_logits;
-    run.logits = host_logits ? malloc(Sm * (size_t)e->model.vocab_size * sizeof(float)) : NULL;
-    run.sampled = malloc(Sm * sizeof(int32_t));
-    run.temperature = malloc(Sm * sizeof(float));
-    run.top_p = malloc(Sm * sizeof(float));
-    run.top_k = malloc(Sm * sizeof(int32_t));
-    run.seed = malloc(Sm * sizeof(uint64_t));
-    run.gen_index = malloc(Sm * sizeof(int64_t));
-    run.failed = calloc((size_t)(n ? n : 1), sizeof *run.failed);
-    if (!rc && ((host_logits && !run.logits) || !run.sampled || !run.temperature || !run.top_p || !run.top_k ||
-                !run.seed || !run.gen_index || !run.failed))
-        rc = mv_error("engine: out of memory");
-    if (!rc) rc = add_all(e, &run, reqs, n);
-    if (!rc) rc = run_steps(e, &run, reqs, n, outputs);
-    for (int i = 0; rc >= 0 && i < n; i++) {
-        e->num_prompt_tokens += reqs[i].num_prompt;
-        if (!rc && !outputs[i].done) rc = mv_error("engine: request %d never finished", i);
+    e->stopped = 0;
+    run_t run = {outputs, n, hooks ? hooks : &no_hooks};
+    const engine_core_hooks_t ch = {.on_finished = run_on_finished,
+                                    .on_logits = run.hooks->on_logits ? run_on_logits : NULL,
+                                    .ctx = &run};
+    engine_core_t *c;
+    if (engine_core_create(e, &ch, &c)) return -1;
+    int rc = 0;
+    // Every request is checked and added before anything runs: a bad one fails the call.
+    for (int i = 0; i < n && !rc; i++) {
+        if (engine_core_add(c, &reqs[i], NULL, (void *)(intptr_t)i, NULL)) {
+            e->failed_request = i;
+            rc = mv_error_prefix("request %lld", (long long)i);
+        }
     }
-    e->num_cached_tokens = run.sched.num_cached_tokens_admitted;
-    e->num_preemptions = run.sched.num_preemptions;
+    while (!rc && engine_core_num_unfinished(c) > 0) {
+        if (engine_core_step(c)) {
+            rc = -1;
+            break;
+        }
+        if (e->cfg.progress)
+            fprintf(stderr, "\rminivllm: step %lld, %d/%d requests done, %lld tokens generated", c->st.num_steps,
+                    n - engine_core_num_unfinished(c), n, c->st.num_generated_tokens);
+        // Between two steps nothing is half done: stop here when asked.
+        if (run.hooks->stop && *run.hooks->stop && engine_core_num_unfinished(c) > 0) {
+            e->stopped = 1;
+            rc = ENGINE_STOPPED;
+        }
+    }
+    if (e->cfg.progress && n > 0) fprintf(stderr, "\n");
+    for (int i = 0; !rc && i < n; i++)
+        if (!outputs[i].done) rc = mv_error("engine: request %d never finished", i);
+    engine_core_stats_t s;
+    engine_core_stats(c, &s);
+    e->num_steps = s.num_steps;
+    e->num_prompt_tokens = s.num_prompt_tokens;
+    e->num_generated_tokens = s.num_generated_tokens;
+    e->num_cached_tokens = s.num_cached_tokens;
+    e->num_preemptions = s.num_preemptions;
+    e->num_finished = (int)s.num_finished;
+    e->num_failed = (int)s.num_failed;
+    e->num_unknown_tokens = s.num_unknown_tokens;
+    e->host_s = s.host_s;
+    e->runner_s = s.runner_s;
+    e->elapsed_s = engine_core_now(c);
     if (rc < 0) engine_outputs_free(outputs, n);
-    scheduler_free(&run.sched);
-    sampling_scratch_free(&run.sampler);
-    for (int i = 0; run.failed && i < n; i++) free(run.failed[i]);  // of requests that never finished
-    free(run.failed);
-    free(run.logits);
-    free(run.sampled);
-    free(run.temperature), free(run.top_p), free(run.top_k), free(run.seed), free(run.gen_index);
-    e->elapsed_s = now_s() - t0;
+    engine_core_free(c);
     return rc;
 }
 

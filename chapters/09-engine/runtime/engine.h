@@ -17,6 +17,12 @@
  * token budget is short) and decodes in every step, reuses cached prefix
  * blocks, and preempts when the cache is full.
  *
+ * The loop itself is the engine core (engine_core_*, at the end of this
+ * file), as vLLM's EngineCore: requests are added and aborted between two
+ * steps, and each reports its tokens as they are sampled. engine_run is a
+ * batch on top of it; `minivllm serve` runs one core for as long as it
+ * serves (chapters/09-engine/serve/).
+ *
  * Bad requests: engine_generate() checks every request before running any
  * (ids inside the vocabulary, the scheduler's own checks: empty prompt,
  * max_tokens < 1, too long, never fits in the cache...), and a bad one fails
@@ -99,11 +105,15 @@ typedef struct {
     int32_t *token_ids;          // [num_tokens] generated ids (an eos that stopped it included), malloc'd
     int num_tokens;
     finish_reason_t finish_reason;
-    // When, in seconds since engine_generate began (CLOCK_MONOTONIC; every
-    // request arrives then): its first token was on the host, and it finished.
-    // Time to first token is first_token_s; time per output token after it is
+    // When, in seconds since the run began (engine_run, or engine_core_create;
+    // CLOCK_MONOTONIC): the request was added (0 for all of engine_run's), its
+    // first token was on the host, and it finished. Time to first token is
+    // first_token_s - arrival_s; time per output token after it is
     // (finish_s - first_token_s) / (num_tokens - 1). `minivllm bench --latency`.
-    double first_token_s, finish_s;
+    double arrival_s, first_token_s, finish_s;
+    int num_prompt_tokens;       // the prompt's length
+    int num_cached_tokens;       // of those, found in the prefix cache when it was (last) admitted
+    int32_t stop_token_id;       // the stop_token_ids entry that ended it (finish_reason "stop"), else -1
     int done;                    // 1 once the request finished (normally or with error); 0 if the run
                                  // stopped first (engine_run's stop flag): then nothing else is set
     char *error;                 // NULL, or why it could not go on: finish_reason "error", token_ids
@@ -198,10 +208,78 @@ int engine_generate(engine_t *e, const engine_request_t *requests, int n, engine
                     engine_logits_fn on_logits, void *ctx);
 void engine_outputs_free(engine_output_t *outputs, int n);
 
-// "stop" (an eos id) or "length" (max_tokens or max_model_len), as vLLM says.
+// "stop" (an eos id), "length" (max_tokens or max_model_len) or "abort", as vLLM says.
 const char *engine_finish_reason(finish_reason_t r);
 // An output's: "error" when it ended with one, else engine_finish_reason's.
 const char *engine_output_finish_reason(const engine_output_t *o);
+
+
+// ---- the engine core: a long-lived loop that takes requests as they come ------------------
+//
+// engine_run adds a whole batch, then steps until it is done. A server
+// (cli/cmd_serve.c, serve/) cannot: its requests arrive while others run.
+// The core is the loop itself, as vLLM's EngineCore is: requests are added
+// and aborted between two steps, each step runs whatever the scheduler has,
+// and each request reports its tokens as they are sampled and its output
+// when it finishes. engine_run is a batch on top of it. Not thread-safe: one
+// thread owns a core (the server's engine thread), and other threads talk to
+// that thread (serve/engine_thread.c).
+typedef struct engine_core engine_core_t;
+
+typedef struct {
+    // Each sampled token of the request `user`, when the step that sampled
+    // it is done; before that request's on_finished. stop = 1: this token
+    // ended the request as a stop (an eos id, or one of its stop_token_ids),
+    // whose text vLLM leaves out of the output. Optional.
+    void (*on_token)(void *ctx, void *user, int32_t token, int stop);
+    // The request is over (finished, failed alone, or aborted: out->finish_reason
+    // FINISH_ABORTED). The hook owns out's arrays (move them or
+    // engine_outputs_free(out, 1)), whatever it returns; -1 (with mv_error())
+    // makes the step that called it return -1. Optional.
+    int (*on_finished)(void *ctx, void *user, engine_output_t *out);
+    // Each sampled row's logits [vocab] before sampling, as engine_logits_fn. Optional.
+    void (*on_logits)(void *ctx, void *user, int gen_index, const float *logits, int vocab);
+    void *ctx;
+} engine_core_hooks_t;
+
+// What /metrics reports: counters since engine_core_create, and gauges now.
+typedef struct {
+    int num_running, num_waiting;       // the scheduler's, now
+    int num_blocks, num_free_blocks;    // the KV cache's, now
+    long long num_steps, num_prompt_tokens, num_generated_tokens;
+    long long num_prompt_tokens_looked_up, num_cached_tokens;  // prefix cache: admitted tokens, found ones
+    long long num_preemptions, num_finished, num_failed, num_aborted, num_unknown_tokens;
+    double host_s, runner_s;            // as engine_t's
+} engine_core_stats_t;
+
+// A core over e's runner (one core at a time per engine: the KV cache is the runner's).
+int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_core_t **out);
+// Unfinished requests are dropped without a hook call.
+void engine_core_free(engine_core_t *c);
+// A request's stop_token_ids (vLLM's): sampling one ends it with
+// finish_reason "stop", the id kept in token_ids as an eos is, whatever
+// ignore_eos says. Copied by engine_core_add.
+typedef struct {
+    const int32_t *ids;  // [n]
+    int n;
+} engine_stop_t;
+
+// Check r (ids in the vocabulary, sampling parameters, the scheduler's own
+// checks) and queue it; it runs from the next step on. The prompt and stop
+// (NULL: none) are copied. -1 with mv_error() saying what is wrong (nothing
+// is added); else 0 and its id.
+int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_stop_t *stop, void *user,
+                    int64_t *id);
+// Abort request id now (between steps): its KV blocks are free when this
+// returns, and its on_finished has run (finish_reason FINISH_ABORTED).
+// 0, 1 when it had finished already, -1 with mv_error().
+int engine_core_abort(engine_core_t *c, int64_t id);
+// One step, when anything is unfinished (else nothing): 0, or -1 with mv_error().
+int engine_core_step(engine_core_t *c);
+int engine_core_num_unfinished(const engine_core_t *c);
+void engine_core_stats(const engine_core_t *c, engine_core_stats_t *out);
+// Seconds since engine_core_create: the clock of the outputs' times.
+double engine_core_now(const engine_core_t *c);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,489 @@
+/*
+ * chapters/09-engine/serve/openai.c - OpenAI's bodies in and out (see openai.h).
+ */
+#include "chapters/09-engine/serve/openai.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chapters/09-engine/model/mapped_file.h"
+#include "chapters/09-engine/text/chat.h"
+#include "common/check.h"
+
+int api_fail(api_error_t *err, int status, const char *param, const char *code, const char *fmt, ...) {
+    err->status = status;
+    snprintf(err->param, sizeof err->param, "%s", param ? param : "");
+    err->code = code;
+    err->type = status >= 500 ? "server_error" : "invalid_request_error";
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+// ---- JSON out, by hand: cJSON's printer stops a string at a NUL byte, and a
+// ---- decoded text may hold one (the token of byte 0).
+
+static int put(tok_bytes_t *b, const char *s) { return tok_bytes_append(b, s, strlen(s)); }
+
+static int putf(tok_bytes_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int putf(tok_bytes_t *b, const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return n < 0 ? -1 : tok_bytes_append(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+// s[0..n) as a JSON string, quotes included; every byte kept.
+static int put_str(tok_bytes_t *b, const char *s, size_t n) {
+    if (put(b, "\"")) return -1;
+    size_t run = 0;  // s[run..i) needs no escape
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else snprintf(esc, sizeof esc, "\\u%04x", c);
+        if (tok_bytes_append(b, s + run, i - run) || put(b, esc)) return -1;
+        run = i + 1;
+    }
+    return tok_bytes_append(b, s + run, n - run) || put(b, "\"") ? -1 : 0;
+}
+
+static int put_cstr(tok_bytes_t *b, const char *s) { return s ? put_str(b, s, strlen(s)) : put(b, "null"); }
+
+static int put_ids(tok_bytes_t *b, const int32_t *ids, int n) {
+    int rc = put(b, "[");
+    for (int k = 0; !rc && k < n; k++) rc = putf(b, k ? ",%d" : "%d", ids[k]);
+    return rc || put(b, "]") ? -1 : 0;
+}
+
+char *api_error_json(const api_error_t *err) {
+    tok_bytes_t b = {0};
+    int rc = put(&b, "{\"error\":{\"message\":") || put_cstr(&b, err->message) || put(&b, ",\"type\":") ||
+             put_cstr(&b, err->type) || put(&b, ",\"param\":") || put_cstr(&b, err->param[0] ? err->param : NULL) ||
+             put(&b, ",\"code\":") || (err->code ? put_cstr(&b, err->code) : putf(&b, "%d", err->status)) ||
+             put(&b, "}}");
+    if (rc) {
+        tok_bytes_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+// ---- requests in ------------------------------------------------------------------------
+
+// The fields each endpoint takes. Those of NOT_YET are OpenAI's or vLLM's
+// and refused with "not supported yet" unless they ask for the default.
+static const char *const COMPLETION_FIELDS[] = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop_token_ids",
+    "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user", NULL};
+static const char *const CHAT_FIELDS[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+    "ignore_eos", "stop_token_ids", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user",
+    "chat_template_kwargs", "add_generation_prompt", NULL};
+
+// A field that needs sampler work the engine does not have yet, with the
+// value that means "off" (then it is accepted as a no-op).
+typedef enum { OFF_NULL, OFF_ZERO, OFF_ONE, OFF_FALSE, OFF_EMPTY } off_kind_t;
+static const struct {
+    const char *name;
+    off_kind_t off;
+} NOT_YET[] = {
+    {"n", OFF_ONE},           {"best_of", OFF_ONE},           {"stop", OFF_EMPTY},
+    {"presence_penalty", OFF_ZERO}, {"frequency_penalty", OFF_ZERO}, {"repetition_penalty", OFF_ONE},
+    {"min_p", OFF_ZERO},      {"min_tokens", OFF_ZERO},       {"logprobs", OFF_FALSE},
+    {"top_logprobs", OFF_ZERO}, {"prompt_logprobs", OFF_NULL}, {"logit_bias", OFF_EMPTY},
+    {"echo", OFF_FALSE},      {"suffix", OFF_NULL},           {"include_stop_str_in_output", OFF_FALSE},
+    {"tools", OFF_EMPTY},     {"tool_choice", OFF_NULL},      {"response_format", OFF_NULL},
+    {"parallel_tool_calls", OFF_NULL}, {"continue_final_message", OFF_FALSE}, {"guided_json", OFF_NULL},
+};
+
+static int is_off(const cJSON *v, off_kind_t k) {
+    if (cJSON_IsNull(v)) return 1;
+    switch (k) {
+    case OFF_NULL: return 0;
+    case OFF_ZERO: return cJSON_IsNumber(v) && v->valuedouble == 0;
+    case OFF_ONE: return cJSON_IsNumber(v) && v->valuedouble == 1;
+    case OFF_FALSE: return cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
+    case OFF_EMPTY: return (cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child;
+    }
+    return 0;
+}
+
+static int is_int(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo &&
+           v->valuedouble <= hi;
+}
+
+// The field, or NULL when absent or null.
+static const cJSON *field(const cJSON *o, const char *name) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int check_fields(const cJSON *body, const char *const *known, api_error_t *err) {
+    for (const cJSON *k = body->child; k; k = k->next) {
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = strcmp(k->string, known[i]) == 0;
+        if (ok) continue;
+        for (size_t i = 0; i < sizeof NOT_YET / sizeof *NOT_YET && !ok; i++)
+            if (strcmp(k->string, NOT_YET[i].name) == 0) {
+                if (!is_off(k, NOT_YET[i].off))
+                    return api_fail(err, 400, k->string, "not_supported", "not supported yet: %s", k->string);
+                ok = 1;
+            }
+        if (!ok) return api_fail(err, 400, k->string, "unknown_field", "unknown field: %s", k->string);
+    }
+    return 0;
+}
+
+static int parse_bool(const cJSON *body, const char *name, int *out, api_error_t *err) {
+    const cJSON *v = field(body, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return api_fail(err, 400, name, "invalid_type", "%s must be true or false", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+// The sampling fields shared by both endpoints.
+static int parse_sampling(const cJSON *body, api_kind_t kind, const api_context_t *ctx, api_request_t *r,
+                          api_error_t *err) {
+    const cJSON *v;
+    const char *mt = kind == API_CHAT && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (kind == API_CHAT && field(body, "max_completion_tokens") && field(body, "max_tokens"))
+        return api_fail(err, 400, "max_completion_tokens", "invalid_value",
+                        "give max_tokens or max_completion_tokens, not both");
+    if ((v = field(body, mt))) {
+        if (!is_int(v, 1, 1 << 30)) return api_fail(err, 400, mt, "invalid_value", "%s must be an integer >= 1", mt);
+        r->params.max_tokens = (int)v->valuedouble;
+    }
+    if ((v = field(body, "temperature"))) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble > 1e6)
+            return api_fail(err, 400, "temperature", "invalid_value", "temperature must be a number >= 0 (0 = greedy)");
+        r->params.temperature = (float)v->valuedouble;
+    }
+    if ((v = field(body, "top_p"))) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1))
+            return api_fail(err, 400, "top_p", "invalid_value", "top_p must be a number in (0, 1]");
+        r->params.top_p = (float)v->valuedouble;
+    }
+    if ((v = field(body, "top_k"))) {
+        if (!is_int(v, -1, 1 << 30))
+            return api_fail(err, 400, "top_k", "invalid_value", "top_k must be an integer >= -1 (-1 or 0 = off)");
+        r->params.top_k = v->valuedouble < 0 ? 0 : (int)v->valuedouble;
+    }
+    if ((v = field(body, "seed"))) {
+        if (!is_int(v, 0, 9007199254740992.0))
+            return api_fail(err, 400, "seed", "invalid_value", "seed must be an integer >= 0");
+        r->has_seed = 1;
+        r->seed = (uint64_t)v->valuedouble;
+    }
+    if (parse_bool(body, "ignore_eos", &r->params.ignore_eos, err)) return -1;
+    if ((v = field(body, "stop_token_ids"))) {
+        if (!cJSON_IsArray(v))
+            return api_fail(err, 400, "stop_token_ids", "invalid_type", "stop_token_ids must be a list of token ids");
+        int n = cJSON_GetArraySize(v), k = 0;
+        r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+        if (!r->stop_token_ids) return api_fail(err, 500, NULL, NULL, "out of memory");
+        for (const cJSON *e = v->child; e; e = e->next, k++) {
+            if (!is_int(e, 0, ctx->vocab_size - 1))
+                return api_fail(err, 400, "stop_token_ids", "invalid_value",
+                                "stop_token_ids[%d] is not a token id in [0, %d)", k, ctx->vocab_size);
+            r->stop_token_ids[k] = (int32_t)e->valuedouble;
+        }
+        r->num_stop_token_ids = n;
+    }
+    if (parse_bool(body, "stream", &r->stream, err) || parse_bool(body, "return_token_ids", &r->return_token_ids, err) ||
+        parse_bool(body, "skip_special_tokens", &r->skip_special_tokens, err))
+        return -1;
+    if ((v = field(body, "stream_options"))) {
+        if (!cJSON_IsObject(v))
+            return api_fail(err, 400, "stream_options", "invalid_type", "stream_options must be an object");
+        if (!r->stream)
+            return api_fail(err, 400, "stream_options", "invalid_value", "stream_options needs \"stream\": true");
+        for (const cJSON *k = v->child; k; k = k->next) {
+            if (strcmp(k->string, "include_usage") == 0) {
+                if (!cJSON_IsBool(k) && !cJSON_IsNull(k))
+                    return api_fail(err, 400, "stream_options.include_usage", "invalid_type",
+                                    "stream_options.include_usage must be true or false");
+                r->include_usage = cJSON_IsTrue(k);
+            } else if (strcmp(k->string, "continuous_usage_stats") == 0) {
+                if (!is_off(k, OFF_FALSE))
+                    return api_fail(err, 400, "stream_options.continuous_usage_stats", "not_supported",
+                                    "not supported yet: stream_options.continuous_usage_stats");
+            } else {
+                return api_fail(err, 400, "stream_options", "unknown_field", "unknown field: stream_options.%s",
+                                k->string);
+            }
+        }
+    }
+    if ((v = field(body, "user")) && !cJSON_IsString(v))
+        return api_fail(err, 400, "user", "invalid_type", "user must be a string");
+    return 0;
+}
+
+static int push_prompt(api_request_t *r, tok_ids_t *ids) {
+    tok_ids_t *p = realloc(r->prompts, (size_t)(r->num_prompts + 1) * sizeof *p);
+    if (!p) return -1;
+    r->prompts = p;
+    r->prompts[r->num_prompts++] = *ids;
+    *ids = (tok_ids_t){0};
+    return 0;
+}
+
+// One prompt: a string (encoded) or a list of ids.
+static int one_prompt(const cJSON *v, const api_context_t *ctx, api_request_t *r, const char *param,
+                      api_error_t *err) {
+    tok_ids_t ids = {0};
+    int rc = 0;
+    if (cJSON_IsString(v)) {
+        if (!ctx->tokenizer)
+            rc = api_fail(err, 400, param, "invalid_value",
+                          "a text prompt needs a tokenizer, and this model has no tokenizer.json (send token ids)");
+        else if (tokenizer_encode((tokenizer_t *)ctx->tokenizer, v->valuestring, strlen(v->valuestring), &ids))
+            rc = api_fail(err, 400, param, "invalid_value", "%s: %s", param, mv_last_error());
+    } else {
+        int k = 0;
+        for (const cJSON *e = v->child; !rc && e; e = e->next, k++) {
+            if (!is_int(e, 0, ctx->vocab_size - 1))
+                rc = api_fail(err, 400, param, "invalid_value", "%s[%d] is not a token id in [0, %d)", param, k,
+                              ctx->vocab_size);
+            else if (tok_ids_push(&ids, (int32_t)e->valuedouble))
+                rc = api_fail(err, 500, NULL, NULL, "out of memory");
+        }
+    }
+    if (!rc && ids.len == 0) rc = api_fail(err, 400, param, "invalid_value", "%s is empty", param);
+    if (!rc && (int)ids.len > ctx->max_model_len)
+        rc = api_fail(err, 400, param, "context_length_exceeded",
+                      "%s has %zu tokens, more than the model's context of %d (--max-model-len)", param, ids.len,
+                      ctx->max_model_len);
+    if (!rc && push_prompt(r, &ids)) rc = api_fail(err, 500, NULL, NULL, "out of memory");
+    tok_ids_free(&ids);
+    return rc;
+}
+
+// "prompt": a string, a list of strings, a list of ids, or a list of lists of ids.
+static int parse_prompts(const cJSON *body, const api_context_t *ctx, api_request_t *r, api_error_t *err) {
+    const cJSON *p = field(body, "prompt");
+    if (!p) return api_fail(err, 400, "prompt", "missing_field", "prompt is required");
+    if (cJSON_IsString(p)) return one_prompt(p, ctx, r, "prompt", err);
+    if (!cJSON_IsArray(p) || !p->child)
+        return api_fail(err, 400, "prompt", "invalid_type",
+                        "prompt must be a string, a list of strings, a list of token ids or a list of lists of them");
+    if (cJSON_IsNumber(p->child)) return one_prompt(p, ctx, r, "prompt", err);
+    int k = 0;
+    for (const cJSON *e = p->child; e; e = e->next, k++) {
+        char param[32];
+        snprintf(param, sizeof param, "prompt[%d]", k);
+        if (!cJSON_IsString(e) && !(cJSON_IsArray(e) && (!e->child || cJSON_IsNumber(e->child))))
+            return api_fail(err, 400, "prompt", "invalid_type", "%s must be a string or a list of token ids", param);
+        if (one_prompt(e, ctx, r, param, err)) return -1;
+    }
+    return 0;
+}
+
+static int parse_messages(const cJSON *body, const api_context_t *ctx, api_request_t *r, api_error_t *err) {
+    if (!field(body, "messages")) return api_fail(err, 400, "messages", "missing_field", "messages is required");
+    if (!ctx->tokenizer)
+        return api_fail(err, 400, "messages", "invalid_value", "chat needs a tokenizer, and this model has none");
+    if (!tokenizer_has_qwen3_chat(ctx->tokenizer))
+        return api_fail(err, 400, "messages", "invalid_value",
+                        "this model's chat template is not Qwen3's, the only one implemented");
+    // chat.c reads {"messages", "add_generation_prompt", "enable_thinking"}
+    // from one object: vLLM takes enable_thinking in chat_template_kwargs.
+    chat_options_t opt = {1, 1};
+    const cJSON *kw = field(body, "chat_template_kwargs");
+    if (kw && !cJSON_IsObject(kw))
+        return api_fail(err, 400, "chat_template_kwargs", "invalid_type", "chat_template_kwargs must be an object");
+    for (const cJSON *k = kw ? kw->child : NULL; k; k = k->next) {
+        if (strcmp(k->string, "enable_thinking") != 0)
+            return api_fail(err, 400, "chat_template_kwargs", "not_supported",
+                            "not supported yet: chat_template_kwargs.%s (only enable_thinking)", k->string);
+        if (!cJSON_IsBool(k))
+            return api_fail(err, 400, "chat_template_kwargs.enable_thinking", "invalid_type",
+                            "chat_template_kwargs.enable_thinking must be true or false");
+        opt.enable_thinking = cJSON_IsTrue(k);
+    }
+    if (parse_bool(body, "add_generation_prompt", &opt.add_generation_prompt, err)) return -1;
+    cJSON *view = cJSON_CreateObject();
+    if (!view) return api_fail(err, 500, NULL, NULL, "out of memory");
+    cJSON_AddItemReferenceToObject(view, "messages", cJSON_GetObjectItemCaseSensitive(body, "messages"));
+    chat_message_t *msgs = NULL;
+    int n = 0, rc = 0;
+    chat_options_t ignored;
+    if (chat_request_from_json(view, &msgs, &n, &ignored))
+        rc = api_fail(err, 400, "messages", "invalid_value", "%s", mv_last_error());
+    tok_bytes_t text = {0};
+    if (!rc && chat_render_qwen3(msgs, n, &opt, &text))
+        rc = api_fail(err, 400, "messages", "invalid_value", "%s", mv_last_error());
+    free(msgs);
+    cJSON_Delete(view);
+    if (!rc) {
+        cJSON *s = cJSON_CreateString("");
+        // Encode the rendered text as a prompt string: one_prompt does the checks.
+        if (!s) rc = api_fail(err, 500, NULL, NULL, "out of memory");
+        else {
+            free(s->valuestring);
+            s->valuestring = text.data;  // the cJSON string owns it now
+            text = (tok_bytes_t){0};
+            rc = one_prompt(s, ctx, r, "messages", err);
+            cJSON_Delete(s);
+        }
+    }
+    tok_bytes_free(&text);
+    return rc;
+}
+
+int api_parse_request(api_kind_t kind, const char *body, size_t len, const api_context_t *ctx, api_request_t *r,
+                      api_error_t *err) {
+    *r = (api_request_t){.kind = kind, .params = ctx->defaults, .skip_special_tokens = 1};
+    r->params.max_tokens = 0;
+    r->params.ignore_eos = 0;
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!j) return api_fail(err, 400, NULL, "invalid_json", "the body is not valid JSON");
+    int rc = 0;
+    size_t at = (size_t)(end - body);
+    while (at < len && (body[at] == ' ' || body[at] == '\t' || body[at] == '\r' || body[at] == '\n')) at++;
+    if (at < len) rc = api_fail(err, 400, NULL, "invalid_json", "the body has more after its JSON value");
+    else if (!cJSON_IsObject(j)) rc = api_fail(err, 400, NULL, "invalid_json", "the body must be a JSON object");
+    else if (json_check_strict(j, body, len)) rc = api_fail(err, 400, NULL, "invalid_json", "%s", mv_last_error());
+    if (!rc) rc = check_fields(j, kind == API_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS, err);
+    const cJSON *m = rc ? NULL : field(j, "model");
+    if (m && !cJSON_IsString(m)) rc = api_fail(err, 400, "model", "invalid_type", "model must be a string");
+    else if (m && strcmp(m->valuestring, ctx->served_model_name) != 0)
+        rc = api_fail(err, 404, "model", "model_not_found", "The model `%s` does not exist (this server has `%s`).",
+                      m->valuestring, ctx->served_model_name);
+    if (!rc) rc = parse_sampling(j, kind, ctx, r, err);
+    if (!rc) rc = kind == API_CHAT ? parse_messages(j, ctx, r, err) : parse_prompts(j, ctx, r, err);
+    cJSON_Delete(j);
+    return rc;
+}
+
+void api_request_free(api_request_t *r) {
+    for (int i = 0; i < r->num_prompts; i++) tok_ids_free(&r->prompts[i]);
+    free(r->prompts);
+    free(r->stop_token_ids);
+    *r = (api_request_t){0};
+}
+
+int api_max_tokens(const api_request_t *r, const api_context_t *ctx, int i) {
+    if (r->params.max_tokens > 0) return r->params.max_tokens;
+    if (r->kind == API_COMPLETIONS) return 16;
+    int left = ctx->max_model_len - (int)r->prompts[i].len;
+    return left > 0 ? left : 1;
+}
+
+// ---- answers out ----------------------------------------------------------------------------
+
+const char *api_finish_reason(const engine_output_t *o) { return engine_output_finish_reason(o); }
+
+int api_output_text(const tokenizer_t *tok, const api_request_t *r, const engine_output_t *o, tok_bytes_t *out) {
+    if (tok_bytes_append(out, "", 0)) return -1;
+    if (!tok) return 0;
+    int n = o->num_tokens;
+    if (n > 0 && o->finish_reason == FINISH_EOS && !o->error) n--;  // the stop id's text is left out
+    return tokenizer_decode(tok, o->token_ids, (size_t)n, r->skip_special_tokens, out);
+}
+
+static int put_head(tok_bytes_t *b, const char *object, const char *id, long long created, const api_context_t *ctx) {
+    return put(b, "{\"id\":") || put_cstr(b, id) || put(b, ",\"object\":") || put_cstr(b, object) ||
+           putf(b, ",\"created\":%lld,\"model\":", created) || put_cstr(b, ctx->served_model_name);
+}
+
+// "finish_reason": ..., "stop_reason": ... (vLLM's: the stop token id, else null)
+static int put_finish(tok_bytes_t *b, const engine_output_t *o) {
+    int rc = put(b, ",\"finish_reason\":") || put_cstr(b, api_finish_reason(o)) || put(b, ",\"stop_reason\":");
+    return rc || (o->stop_token_id >= 0 ? putf(b, "%d", o->stop_token_id) : put(b, "null"));
+}
+
+static int put_token_ids(tok_bytes_t *b, const api_request_t *r, const api_choice_t *c) {
+    if (!r->return_token_ids) return 0;
+    return put(b, ",\"prompt_token_ids\":") || put_ids(b, c->prompt, c->num_prompt) || put(b, ",\"token_ids\":") ||
+           put_ids(b, c->out->token_ids, c->out->num_tokens);
+}
+
+static int put_usage(tok_bytes_t *b, const api_choice_t *choices, int n) {
+    long long p = 0, g = 0, cached = 0;
+    for (int i = 0; i < n; i++) {
+        p += choices[i].out->num_prompt_tokens;
+        g += choices[i].out->num_tokens;
+        cached += choices[i].out->num_cached_tokens;
+    }
+    return putf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":%lld}}",
+                p, g, p + g, cached);
+}
+
+int api_response_json(const api_request_t *r, const api_context_t *ctx, const char *id, long long created,
+                      const api_choice_t *choices, int n, tok_bytes_t *b) {
+    const int chat = r->kind == API_CHAT;
+    tok_bytes_t text = {0};
+    int rc = put_head(b, chat ? "chat.completion" : "text_completion", id, created, ctx) || put(b, ",\"choices\":[");
+    for (int i = 0; !rc && i < n; i++) {
+        text.len = 0;
+        rc = api_output_text(ctx->tokenizer, r, choices[i].out, &text) || putf(b, i ? ",{\"index\":%d" : "{\"index\":%d", i);
+        if (!rc && chat)
+            rc = put(b, ",\"message\":{\"role\":\"assistant\",\"content\":") || put_str(b, text.data, text.len) ||
+                 put(b, "}");
+        else if (!rc)
+            rc = put(b, ",\"text\":") || put_str(b, text.data, text.len);
+        rc = rc || put(b, ",\"logprobs\":null") || put_finish(b, choices[i].out) ||
+             put_token_ids(b, r, &choices[i]) || put(b, "}");
+    }
+    rc = rc || put(b, "],") || put_usage(b, choices, n) || put(b, "}");
+    tok_bytes_free(&text);
+    return rc ? -1 : 0;
+}
+
+int api_chunk_role(const api_request_t *r, const api_context_t *ctx, const char *id, long long created, int index,
+                   tok_bytes_t *b) {
+    return put(b, "data: ") || put_head(b, "chat.completion.chunk", id, created, ctx) ||
+                   putf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                           "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
+                        index)
+               ? -1
+               : 0;
+}
+
+int api_chunk_text(const api_request_t *r, const api_context_t *ctx, const char *id, long long created, int index,
+                   const char *text, size_t len, const api_choice_t *finish, tok_bytes_t *b) {
+    const int chat = r->kind == API_CHAT;
+    int rc = put(b, "data: ") || put_head(b, chat ? "chat.completion.chunk" : "text_completion", id, created, ctx) ||
+             putf(b, ",\"choices\":[{\"index\":%d", index);
+    if (chat) rc = rc || put(b, ",\"delta\":") || (len || !finish ? put(b, "{\"content\":") || put_str(b, text, len) || put(b, "}") : put(b, "{}"));
+    else rc = rc || put(b, ",\"text\":") || put_str(b, text, len);
+    rc = rc || put(b, ",\"logprobs\":null");
+    if (finish) rc = rc || put_finish(b, finish->out) || put_token_ids(b, r, finish);
+    else rc = rc || put(b, ",\"finish_reason\":null");
+    return rc || put(b, "}]}\n\n") ? -1 : 0;
+}
+
+int api_chunk_usage(const api_request_t *r, const api_context_t *ctx, const char *id, long long created,
+                    const api_choice_t *choices, int n, tok_bytes_t *b) {
+    const int chat = r->kind == API_CHAT;
+    return put(b, "data: ") || put_head(b, chat ? "chat.completion.chunk" : "text_completion", id, created, ctx) ||
+                   put(b, ",\"choices\":[],") || put_usage(b, choices, n) || put(b, "}\n\n")
+               ? -1
+               : 0;
+}
+
+int api_chunk_done(tok_bytes_t *b) { return put(b, "data: [DONE]\n\n"); }
+
+int api_chunk_error(const api_error_t *err, tok_bytes_t *b) {
+    char *j = api_error_json(err);
+    int rc = !j || put(b, "data: ") || put(b, j) || put(b, "\n\n");
+    free(j);
+    return rc ? -1 : 0;
+}
