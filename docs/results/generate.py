@@ -6,7 +6,8 @@ kept in docs/results/json/. This script renders them:
 
   - docs/results/NN-name.md: the full results of one chapter run;
   - the blocks between <!-- generated:KEY --> and <!-- /generated --> in
-    docs/*.md, so chapter pages show the same tables.
+    docs/*.md and in the Chinese edition, docs/zh/*.md, so chapter pages
+    in both languages show the same tables (the tables stay in English).
 
     python3 docs/results/generate.py          # rewrite the files
     python3 docs/results/generate.py --check  # fail if any file is stale (CI)
@@ -545,6 +546,11 @@ def full_page(chapter, b):
     return "".join(parts)
 
 
+def doc_pages():
+    """Every page that may hold generated blocks: docs/*.md, then docs/zh/*.md."""
+    return sorted(glob.glob(os.path.join(DOCS, "*.md"))) + sorted(glob.glob(os.path.join(DOCS, "zh", "*.md")))
+
+
 MARK = re.compile(r"(<!-- generated:([\w.-]+:[\w-]+) -->\n)(.*?)(<!-- /generated -->)", re.S)
 
 
@@ -553,7 +559,7 @@ def expected_files():
     files = {}
     for chapter in sorted({k.split(":")[0] for k in b if not k.startswith(("09-tokenizer", "09-engine"))}):
         files[os.path.join(HERE, f"{chapter}.md")] = full_page(chapter, b)
-    for md in sorted(glob.glob(os.path.join(DOCS, "*.md"))):
+    for md in doc_pages():
         text = open(md).read()
         missing = []
 
