@@ -188,7 +188,7 @@ CHAPTER_BINS := $(LAB_BINS) $(BUILD)/minivllm
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-.PHONY: all chapters run check test test-unit test-chapters test-tokenizer deps deps-test results clean help
+.PHONY: all chapters run check test test-unit test-chapters test-tokenizer fuzz deps deps-test results clean help
 .DEFAULT_GOAL := all
 # Keep object files that pattern rules build on the way (make would delete them).
 .SECONDARY:
@@ -211,6 +211,7 @@ help:
 	@echo "  make                 build every chapter, build/minivllm and build/engine_check"
 	@echo "  make run             every chapter in order, one summary line each, then the engine"
 	@echo "  make test            the tests: Criterion, the chapters in CPU mode, the tokenizer vs Hugging Face"
+	@echo "  make fuzz            the parsers under libFuzzer (clang, ASan + UBSan), FUZZ_SECONDS each (60)"
 	@echo "  make check           every chapter executable with its full output"
 	@echo "  make chapters        build chapters 01-08 only (they do not need the engine's code)"
 	@echo "  make build/NN-name   one chapter, e.g. make build/01-activation && build/01-activation"
@@ -306,6 +307,36 @@ test-tokenizer: $(BUILD)/minivllm
 	@echo "== tokenizer vs Hugging Face ($(BUILD)/minivllm)"
 	@if command -v python3 >/dev/null 2>&1; then python3 tests/tokenizer/compare_hf.py --minivllm $(BUILD)/minivllm; \
 	 else echo "SKIP tokenizer comparison with Hugging Face: python3 not found"; fi
+
+# The parsers under libFuzzer (clang, coverage-guided) with ASan and UBSan: the
+# five targets of tests/test_fuzz.c, each built as its own binary and run for
+# FUZZ_SECONDS from the committed corpus tests/fuzz/corpus/TARGET/ (new inputs
+# go to $(BUILD)/fuzz/corpus-TARGET/). A crash, a leak, UB or a broken
+# invariant stops it, with the input that did it saved by libFuzzer
+# (crash-*). CI runs it; `make test` runs the same targets under gcc's
+# deterministic driver instead.
+FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_tokenizer_load fuzz_encode fuzz_requests
+FUZZ_SECONDS ?= 60
+FUZZ_CC      ?= clang
+FUZZ_SRC     := $(filter-out %/main.c %/harness.c,$(wildcard common/*.c reference/*.c chapters/03-linear-tp/*.c \
+                  chapters/08-scheduler/sched/*.c chapters/09-engine/model/*.c chapters/09-engine/text/*.c \
+                  chapters/09-engine/runtime/*.c))
+FUZZ_FLAGS   := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 \
+                -D_GNU_SOURCE -DMV_HAVE_CUDA=0 -DMV_HAVE_NCCL=0 -DMV_LIBFUZZER
+$(BUILD)/fuzz/fuzz_%: tests/test_fuzz.c $(FUZZ_SRC) $(wildcard chapters/09-engine/cli/*.c chapters/09-engine/cli/*.h)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter -I%,$(CPPFLAGS)) -DMV_FUZZ_TARGET=fuzz_$* tests/test_fuzz.c $(FUZZ_SRC) \
+	  $(filter -L% -Wl%,$(LDFLAGS)) -lcjson -lpcre2-8 -lutf8proc -lxxhash -lm -lpthread -o $@
+
+fuzz: $(addprefix $(BUILD)/fuzz/,$(FUZZ_TARGETS))
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(BUILD)/fuzz/corpus-$$t; \
+	  echo "== libFuzzer $$t, $(FUZZ_SECONDS) s, ASan + UBSan"; \
+	  ./$(BUILD)/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$(BUILD)/fuzz/$$t- \
+	    $(BUILD)/fuzz/corpus-$$t tests/fuzz/corpus/$$t > $(BUILD)/fuzz/$$t.log 2>&1 \
+	    || { tail -40 $(BUILD)/fuzz/$$t.log; echo "FAILED: $$t (log $(BUILD)/fuzz/$$t.log)"; exit 1; }; \
+	  grep -E "^stat::(number_of_executed_units|new_units_added)|^Done" $(BUILD)/fuzz/$$t.log; \
+	done
 
 # docs/results/*.md from the chapters' --json files (docs/results/json/).
 results:

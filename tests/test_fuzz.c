@@ -27,7 +27,11 @@
  *     Under SANITIZE=1 it runs with ASan and UBSan. A longer local run is one
  *     command:  MV_FUZZ_RUNS=1000000 MV_FUZZ_SECONDS=600 build/tests/test_fuzz
  *     (MV_FUZZ_SEED=N draws another sequence).
- *   - libFuzzer, with clang (coverage-guided), one target a binary, e.g.
+ *   - libFuzzer, with clang (coverage-guided): `make fuzz` builds the five
+ *     targets with ASan and UBSan and runs each for FUZZ_SECONDS (default
+ *     60) from the committed corpus tests/fuzz/corpus/TARGET/ (the seeds
+ *     below, written out by MV_FUZZ_WRITE_SEEDS=DIR); CI runs it. By hand,
+ *     one target a binary, e.g.
  *       clang -O1 -g -fsanitize=fuzzer,address,undefined -std=c11 -D_GNU_SOURCE -I. \
  *         -DMV_LIBFUZZER -DMV_FUZZ_TARGET=fuzz_safetensors tests/test_fuzz.c \
  *         $(find chapters/09-engine/model chapters/09-engine/text chapters/09-engine/runtime \
@@ -378,6 +382,24 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// MV_FUZZ_WRITE_SEEDS=DIR: write each target's seeds to DIR/fuzz_NAME/seed-I,
+// the corpus libFuzzer starts from (`make fuzz`; tests/fuzz/corpus/ is
+// written this way: MV_FUZZ_WRITE_SEEDS=tests/fuzz/corpus build/tests/test_fuzz).
+static void write_seeds(const char *name, const seed_t *seeds, int n_seeds) {
+    const char *dir = getenv("MV_FUZZ_WRITE_SEEDS");
+    if (!dir || !*dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "mkdir -p '%s/fuzz_%s'", dir, name);
+    cr_assert_eq(system(path), 0, "%s failed", path);
+    for (int i = 0; i < n_seeds; i++) {
+        snprintf(path, sizeof path, "%s/fuzz_%s/seed-%d", dir, name, i);
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f, "cannot write %s", path);
+        cr_assert_eq(fwrite(seeds[i].data, 1, seeds[i].n, f), seeds[i].n, "short write to %s", path);
+        cr_assert_eq(fclose(f), 0, "cannot write %s", path);
+    }
+}
+
 // Run every seed as it is, then mutants of them (each mutant of a seed or of
 // the previous mutant), up to MV_FUZZ_RUNS runs or MV_FUZZ_SECONDS seconds.
 static void drive(const char *name, int (*target)(const uint8_t *, size_t), const seed_t *seeds, int n_seeds,
@@ -388,6 +410,7 @@ static void drive(const char *name, int (*target)(const uint8_t *, size_t), cons
     uint8_t *buf = malloc(FUZZ_MAX_INPUT);
     cr_assert_not_null(buf);
     size_t n = 0;
+    write_seeds(name, seeds, n_seeds);
     double t0 = now_s();
     long execs = 0;
     for (int i = 0; i < n_seeds; i++, execs++) target(seeds[i].data, seeds[i].n);

@@ -135,3 +135,23 @@ Test(inspect_tree, bad_directory_fails_naming_it) {
     cr_expect_eq(inspect_tree("/no/such/model/dir"), 1, "%s", out);
     cr_expect(strstr(out, "/no/such/model/dir") != NULL, "%s", out);
 }
+
+// Without --tree, inspect also prints what a load would need (the estimate
+// every loading command checks first) and refuses, exit 1 and both byte
+// counts, when the engine options ask for more host memory than there is.
+Test(inspect_memory, estimate_printed_and_an_impossible_load_refused) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "./%s/minivllm inspect --model tests/data/tiny-qwen3-tied --device cpu 2>&1",
+             MV_BUILD_DIR);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "memory           cpu: at least ") && strstr(out, "bytes of host memory to load"),
+              "no memory line:\n%s", out);
+    // 16M tokens a step: about a TiB of activations for Qwen3-0.6B's shapes.
+    snprintf(cmd, sizeof cmd,
+             "./%s/minivllm inspect --model tests/data/qwen3-0.6b-shape --device cpu "
+             "--max-num-batched-tokens 16777216 2>&1",
+             MV_BUILD_DIR);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "needs at least ") && strstr(out, "are available") && strstr(out, "refused before allocating"),
+              "no refusal with the numbers:\n%s", out);
+}

@@ -32,6 +32,7 @@
 #include "chapters/09-engine/model/qwen3_layout.h"
 #include "chapters/09-engine/model/qwen3_weights.h"
 #include "chapters/09-engine/model/safetensors.h"
+#include "chapters/09-engine/runtime/engine.h"
 #include "common/check.h"
 
 static void print_config(const char *dir, const qwen3_config_t *c) {
@@ -333,6 +334,30 @@ static int inspect_tree(const char *model, const qwen3_config_t *c) {
     return CLI_OK;
 }
 
+// What loading this model with these engine options would take, before
+// anything is allocated (engine_memory_estimate, the check every loading
+// command makes): printed, and CLI_FAIL with the engine's message when it
+// would not fit in host memory. On cuda the GPU's share is printed too; the
+// runner checks it against cudaMemGetInfo when it loads.
+static int print_memory(const char *model, const qwen3_config_t *c, const cli_engine_args_t *ea) {
+    engine_config_t ec = engine_config_default(model);
+    int st = cli_engine_config("inspect", ea, &ec);
+    if (st != CLI_OK) return st;
+    engine_memory_t mem;
+    size_t avail = 0;
+    if (engine_config_resolve(&ec, c) || engine_memory_estimate(&ec, c, &mem) || host_memory_available(&avail))
+        return cli_error("inspect", CLI_FAIL, "%s", mv_last_error());
+    printf("memory           %s: at least %zu bytes of host memory to load (%.2f GiB; %.2f GiB with the whole KV "
+           "cache of %d blocks), %zu available (%.2f GiB)\n",
+           model_runner_device_name(ec.device), mem.host_min_bytes, (double)mem.host_min_bytes / (1 << 30),
+           (double)mem.host_bytes / (1 << 30), ec.num_blocks, avail, (double)avail / (1 << 30));
+    if (ec.device != RUNNER_DEVICE_CPU)
+        printf("device memory    at least %zu bytes (%.2f GiB: weights, scratch%s)\n", mem.device_bytes,
+               (double)mem.device_bytes / (1 << 30), ec.num_blocks ? ", KV cache" : "; the KV cache takes what is left");
+    if (engine_memory_check(&mem, &ec)) return cli_error("inspect", CLI_FAIL, "%s", mv_last_error());
+    return CLI_OK;
+}
+
 static const char INSPECT_USAGE[] =
     "usage: minivllm inspect --model DIR [--tree]\n"
     "\n"
@@ -346,16 +371,22 @@ static const char INSPECT_USAGE[] =
     "--tree prints the model's modules as PyTorch's print(model) shows\n"
     "nano-vllm's Qwen3ForCausalLM, with each weight's shape, dtype and\n"
     "parameters and the lab kernel that runs it. It needs only config.json:\n"
-    "without weights in DIR, the shapes come from the config.";
+    "without weights in DIR, the shapes come from the config.\n"
+    "\n"
+    "Without --tree it also prints the memory a load would need with the\n"
+    "engine options given (the same estimate generate, bench and serve check\n"
+    "before they allocate) and exits 1 when it would not fit.";
 
 int cmd_inspect(int argc, char **argv) {
     const char *model = NULL;
     int tree = 0;
-    cli_opt_t opts[] = {
+    cli_engine_args_t ea = {0};
+    cli_opt_t opts[2 + CLI_ENGINE_N_OPTS] = {
         {"--model", "DIR", "Hugging Face model directory (config.json, *.safetensors)", &model, NULL},
         {"--tree", NULL, "print the module tree with shapes (config.json alone is enough)", NULL, &tree},
     };
-    int st = cli_parse("inspect", INSPECT_USAGE, opts, 2, argc, argv);
+    const int n_opts = 2 + cli_engine_opts(&ea, opts + 2);
+    int st = cli_parse("inspect", INSPECT_USAGE, opts, n_opts, argc, argv);
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!model) return cli_error("inspect", CLI_USAGE, "--model DIR is required");
@@ -366,6 +397,7 @@ int cmd_inspect(int argc, char **argv) {
     // The config first: it is useful on its own, e.g. for a directory
     // without weights such as the lab's shared qwen3-0.6b.
     print_config(model, &c);
+    if ((st = print_memory(model, &c, &ea)) != CLI_OK) return st;
     st_model_t *m = NULL;
     qwen3_weights_t w;
     if (st_open(model, &m) || qwen3_weights_bind(&c, m, &w)) {
