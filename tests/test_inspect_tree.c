@@ -10,7 +10,9 @@
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/helpers.h"
 
@@ -154,4 +156,30 @@ Test(inspect_memory, estimate_printed_and_an_impossible_load_refused) {
     cr_assert_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
     cr_expect(strstr(out, "needs at least ") && strstr(out, "are available") && strstr(out, "refused before allocating"),
               "no refusal with the numbers:\n%s", out);
+}
+
+// --model given a Hub repo id: found in the local Hugging Face cache (refs/main
+// names the snapshot), and otherwise refused with the download command.
+Test(model_repo_id, found_in_the_hub_cache_or_the_download_command) {
+    char home[] = "/tmp/mv-hfhome-XXXXXX", cmd[2048], cwd[1024];
+    cr_assert_not_null(mkdtemp(home));
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(cmd, sizeof cmd,
+             "mkdir -p %s/hub/models--Org--tiny/refs %s/hub/models--Org--tiny/snapshots && "
+             "printf 'deadbeef\\n' > %s/hub/models--Org--tiny/refs/main && "
+             "ln -s %s/tests/data/tiny-qwen3-tied %s/hub/models--Org--tiny/snapshots/deadbeef",
+             home, home, home, cwd, home);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "HF_HOME=%s HF_HUB_CACHE= ./%s/minivllm inspect --model Org/tiny --device cpu 2>&1", home,
+             MV_BUILD_DIR);
+    const int st = run_command(cmd, out, sizeof out);
+    cr_expect_eq(st, 0, "%s", out);
+    cr_expect(strstr(out, "the Hugging Face cache's copy") && strstr(out, "snapshots/deadbeef"), "%s", out);
+    cr_expect(strstr(out, "tensors          24: 24 BF16"), "the snapshot was not loaded:\n%s", out);
+    snprintf(cmd, sizeof cmd, "HF_HOME=%s HF_HUB_CACHE= ./%s/minivllm inspect --model Org/absent 2>&1", home,
+             MV_BUILD_DIR);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "hf download Org/absent --local-dir models/absent"), "no download command:\n%s", out);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", home);
+    cr_expect_eq(system(cmd), 0);
 }

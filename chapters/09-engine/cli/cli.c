@@ -5,6 +5,7 @@
  */
 #include "chapters/09-engine/cli/cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -390,4 +391,65 @@ void cli_atomic_abort(cli_atomic_t *a) {
     free(a->path);
     free(a->tmp);
     *a = (cli_atomic_t){0};
+}
+
+// ---- --model: a directory, or a Hugging Face repo id found in the local cache ----
+
+// "ORG/NAME" as the Hub spells repo ids: one '/', letters, digits, '-', '_', '.'.
+static int looks_like_repo_id(const char *m) {
+    const char *slash = strchr(m, '/');
+    if (!slash || slash == m || !slash[1] || strchr(slash + 1, '/') || m[0] == '.') return 0;
+    for (const char *c = m; *c; c++)
+        if (*c != '/' && !isalnum((unsigned char)*c) && *c != '-' && *c != '_' && *c != '.') return 0;
+    return 1;
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The Hub cache's root, as huggingface_hub finds it: HF_HUB_CACHE, else
+// HF_HOME/hub, else ~/.cache/huggingface/hub.
+static void hub_cache_dir(char *out, size_t cap) {
+    const char *v = getenv("HF_HUB_CACHE"), *home = getenv("HF_HOME");
+    if (v && *v) snprintf(out, cap, "%s", v);
+    else if (home && *home) snprintf(out, cap, "%s/hub", home);
+    else snprintf(out, cap, "%s/.cache/huggingface/hub", getenv("HOME") ? getenv("HOME") : "");
+}
+
+int cli_model_dir(const char *cmd, const char **model) {
+    const char *m = *model;
+    if (is_dir(m)) return CLI_OK;
+    if (!looks_like_repo_id(m)) return cli_error(cmd, CLI_FAIL, "--model %s: no such directory", m);
+    // models--ORG--NAME/refs/main names the snapshot that `hf download` left.
+    static char dir[4096];
+    char cache[2048], repo[512], ref[256] = "", path[4096];
+    hub_cache_dir(cache, sizeof cache);
+    snprintf(repo, sizeof repo, "models--%s", m);
+    char *slash = strchr(repo, '/');
+    memmove(slash + 2, slash + 1, strlen(slash + 1) + 1);  // ORG/NAME -> ORG--NAME
+    slash[0] = slash[1] = '-';
+    snprintf(path, sizeof path, "%s/%s/refs/main", cache, repo);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (!fgets(ref, sizeof ref, f)) ref[0] = '\0';
+        fclose(f);
+        ref[strcspn(ref, "\r\n")] = '\0';
+    }
+    if (ref[0] && !strchr(ref, '/') && strcmp(ref, "..")) {
+        snprintf(dir, sizeof dir, "%s/%s/snapshots/%s", cache, repo, ref);
+        if (is_dir(dir)) {
+            fprintf(stderr, "minivllm %s: --model %s: the Hugging Face cache's copy, %s\n", cmd, m, dir);
+            *model = dir;
+            return CLI_OK;
+        }
+    }
+    char name[256];
+    snprintf(name, sizeof name, "%s", strchr(m, '/') + 1);
+    return cli_error(cmd, CLI_FAIL,
+                     "--model %s: no such directory, and not in the Hugging Face cache (%s). Download it with:\n"
+                     "  hf download %s --local-dir models/%s\n"
+                     "then pass --model models/%s (docs/getting-a-model.md)",
+                     m, cache, m, name, name);
 }

@@ -71,6 +71,13 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);
 // run (saying why), else CLI_OK.
 int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec);
 
+// --model as given: a directory, or a Hugging Face repo id ("Qwen/Qwen3-0.6B")
+// whose snapshot is in the local Hub cache (HF_HUB_CACHE, HF_HOME/hub or
+// ~/.cache/huggingface/hub; *model then points at it, and a line on stderr
+// says so). Otherwise CLI_FAIL with a message that, for a repo id, gives
+// the download command.
+int cli_model_dir(const char *cmd, const char **model);
+
 // Output helpers: a JSON list "[1, 2, 3]" and a JSON string, each on one line.
 void cli_print_ids(FILE *f, const int32_t *ids, size_t n);
 void cli_print_json_string(FILE *f, const char *s, size_t n);

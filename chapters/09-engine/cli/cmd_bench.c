@@ -1131,6 +1131,10 @@ int cmd_bench(int argc, char **argv) {
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!a.model) return cli_error("bench", CLI_USAGE, "--model DIR is required");
+    {
+        const int mst = cli_model_dir("bench", &a.model);
+        if (mst != CLI_OK) return mst;
+    }
     if ((st = bench_options(&a, &b))) return st;
     st = bench_main(&a, &b, argc, argv);
     bench_free(&b);

@@ -425,6 +425,10 @@ int cmd_generate(int argc, char **argv) {
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!a.model) return cli_error("generate", CLI_USAGE, "--model DIR is required");
+    {
+        const int mst = cli_model_dir("generate", &a.model);
+        if (mst != CLI_OK) return mst;
+    }
     if (a.logits_out && (!*a.logits_out || !strcmp(a.logits_out, "-")))
         return cli_error("generate", CLI_USAGE, "--logits-out needs a file path (the .npy is binary: not stdout)");
     const char **prompts;

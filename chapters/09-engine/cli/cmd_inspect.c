@@ -390,6 +390,10 @@ int cmd_inspect(int argc, char **argv) {
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!model) return cli_error("inspect", CLI_USAGE, "--model DIR is required");
+    {
+        const int mst = cli_model_dir("inspect", &model);
+        if (mst != CLI_OK) return mst;
+    }
 
     qwen3_config_t c;
     if (qwen3_config_load(model, &c)) return cli_error("inspect", CLI_FAIL, "%s", mv_last_error());

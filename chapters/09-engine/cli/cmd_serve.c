@@ -177,6 +177,10 @@ int cmd_serve(int argc, char **argv) {
     if (st == CLI_HELP) return CLI_OK;
     if (st != CLI_OK) return st;
     if (!a.model) return cli_error("serve", CLI_USAGE, "--model DIR is required");
+    {
+        const int mst = cli_model_dir("serve", &a.model);
+        if (mst != CLI_OK) return mst;
+    }
     if (a.api_key && !*a.api_key) return cli_error("serve", CLI_USAGE, "--api-key needs a non-empty key");
     return run_serve(&a);
 }

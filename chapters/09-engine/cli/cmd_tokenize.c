@@ -162,6 +162,10 @@ int cmd_tokenize(int argc, char **argv) {
         repeat = (int)r;
     }
 
+    {
+        const int mst = cli_model_dir("tokenize", &model);
+        if (mst != CLI_OK) return mst;
+    }
     double t0 = now_s();
     tokenize_ctx_t c = {.tok = tokenizer_load(model), .path = input, .keep = bench};
     double load_s = now_s() - t0;
@@ -274,6 +278,13 @@ int cmd_detokenize(int argc, char **argv) {
     if (ids_s && (st = parse_id_list(ids_s, &c.ids)) != CLI_OK) {
         tok_ids_free(&c.ids);
         return st;
+    }
+    {
+        const int mst = cli_model_dir("detokenize", &model);
+        if (mst != CLI_OK) {
+            tok_ids_free(&c.ids);
+            return mst;
+        }
     }
     c.tok = tokenizer_load(model);
     c.path = input;
