@@ -866,8 +866,9 @@ Test(generate_cli, logits_out_writes_the_first_step_logits_as_npy) {
 
 // The real Qwen3 tokenizer cut down to the tiny model's 512 ids: its vocab
 // entries below 512, the merges among them, no added tokens. Written to
-// dir/tokenizer.json with a tokenizer_config.json that names no eos.
-static void write_cut_tokenizer(const char *qwen, const char *dir, int keep) {
+// dir/tokenizer.json with a tokenizer_config.json that names no eos (and,
+// with chat, carries Qwen3's chat template).
+static void write_cut_tokenizer(const char *qwen, const char *dir, int keep, int chat) {
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", qwen);
     char *text = read_text(path);
@@ -900,7 +901,23 @@ static void write_cut_tokenizer(const char *qwen, const char *dir, int keep) {
     free(out);
     cJSON_Delete(root);
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    write_file(path, "{\"eos_token\": null}");
+    if (!chat) {
+        write_file(path, "{\"eos_token\": null}");
+        return;
+    }
+    char src[512];
+    snprintf(src, sizeof src, "%s/tokenizer_config.json", qwen);
+    char *cfg_text = read_text(src);
+    cJSON *cfg = cJSON_Parse(cfg_text), *conf = cJSON_CreateObject();
+    free(cfg_text);
+    cr_assert_not_null(cfg, "%s is not JSON", src);
+    cJSON_AddNullToObject(conf, "eos_token");
+    cJSON_AddItemToObject(conf, "chat_template", cJSON_Duplicate(cJSON_GetObjectItem(cfg, "chat_template"), 1));
+    char *conf_text = cJSON_PrintUnformatted(conf);
+    write_file(path, conf_text);
+    free(conf_text);
+    cJSON_Delete(conf);
+    cJSON_Delete(cfg);
 }
 
 // Text prompts: the tiny tied checkpoint with a tokenizer beside it
@@ -924,7 +941,7 @@ Test(generate_cli, text_prompts_with_a_tokenizer) {
 
     snprintf(cmd, sizeof cmd, "rm -f %s/tokenizer.json %s/tokenizer_config.json", dir, dir);
     run_command(cmd, out, sizeof out);
-    write_cut_tokenizer(qwen, dir, 400);
+    write_cut_tokenizer(qwen, dir, 400, 0);
     snprintf(path, sizeof path, "%s/out.jsonl", dir);
     snprintf(cmd, sizeof cmd,
              "./%s/minivllm generate --model %s --prompt '1+1=' --prompt 'a' --temperature 0 --max-tokens 12 "
@@ -1141,4 +1158,315 @@ Test(engine_isolation, finish_order_and_stop) {
     cr_expect_lt(e->num_steps, 6, "it ran on after the stop: %lld steps", e->num_steps);
     engine_outputs_free(outs, 3);
     engine_free(e);
+}
+
+// ---- stop strings, generate --stream, chat: text end to end (the real tokenizer, cut) ---------
+
+// The tiny tied checkpoint beside Qwen3's real tokenizer cut to its 512 ids
+// and Qwen3's chat template, in dir (a temporary directory).
+static void make_text_model(const char *qwen, char *dir, size_t cap) {
+    snprintf(dir, cap, "/tmp/mv-test-text-%d", (int)getpid());
+    char cmd[2048], out[1024];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf %s && mkdir -p %s && for f in config.json generation_config.json model.safetensors; do ln -sf "
+             "\"$PWD/%s/$f\" %s/$f; done",
+             dir, dir, MODELS[0], dir);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", cmd);
+    write_cut_tokenizer(qwen, dir, 512, 1);
+}
+
+static void remove_dir(const char *dir) {
+    char cmd[512], out[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    run_command(cmd, out, sizeof out);
+}
+
+// A whole file, binary-safe: its bytes (NUL-terminated) and *len.
+static char *read_bytes(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    static char buf[1 << 16];
+    *len = fread(buf, 1, sizeof buf - 1, f);
+    buf[*len] = '\0';
+    fclose(f);
+    char *s = malloc(*len + 1);
+    memcpy(s, buf, *len + 1);
+    return s;
+}
+
+// `minivllm generate` on one JSONL request (built with cJSON, consumed): its record.
+static cJSON *generate_record(const char *dir, cJSON *req) {
+    char path[256], cmd[1024];
+    static char out[1 << 16];
+    snprintf(path, sizeof path, "%s/in.jsonl", dir);
+    char *line = cJSON_PrintUnformatted(req);
+    write_file(path, line);
+    free(line);
+    cJSON_Delete(req);
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --device cpu --input %s --output - 2>&1",
+             MV_BUILD_DIR, dir, path);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "%s", out);
+    return o;
+}
+
+// {"prompt": "1+1=", 30 greedy tokens, ignore_eos}, with stop (a JSON value, or NULL) and include.
+static cJSON *stop_request(const char *stop_json, int include) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "prompt", "1+1=");
+    cJSON_AddNumberToObject(r, "max_tokens", 30);
+    cJSON_AddNumberToObject(r, "temperature", 0);
+    cJSON_AddTrueToObject(r, "ignore_eos");
+    if (stop_json) cJSON_AddItemToObject(r, "stop", cJSON_Parse(stop_json));
+    if (include) cJSON_AddTrueToObject(r, "include_stop_str_in_output");
+    return r;
+}
+
+// The text of ids[0..n) (special tokens skipped), binary-safe, in *out.
+static void decode_ids(const tokenizer_t *tok, const int32_t *ids, int n, tok_bytes_t *out) {
+    out->len = 0;
+    cr_assert_eq(tok_bytes_append(out, "", 0), 0);
+    cr_assert_eq(tokenizer_decode(tok, ids, (size_t)n, 1, out), 0, "%s", mv_last_error());
+}
+
+// Stop strings through generate's JSONL: the text is cut before the string
+// (after it with include_stop_str_in_output), finish_reason "stop",
+// stop_reason the string, and the request ended on the token that completed
+// it: token_ids are the greedy run's first m, m the fewest whose text holds
+// the string. The string is picked so that it spans a token boundary (it is
+// found only once two tokens are in), which is what held-back text is for.
+Test(stop_strings, generate_jsonl_cut_at_the_string_and_no_token_past_it) {
+    const char *qwen = qwen3_dir_or_skip("stop strings with a tokenizer");
+    char dir[128];
+    make_text_model(qwen, dir, sizeof dir);
+    cJSON *base = generate_record(dir, stop_request(NULL, 0));
+    int32_t ids[MAX_IDS];
+    const int n = ids_from_json(cJSON_GetObjectItem(base, "token_ids"), ids, MAX_IDS);
+    cr_assert_eq(n, 30);
+    cr_expect(cJSON_IsNull(cJSON_GetObjectItem(base, "stop_reason")), "no stop: stop_reason null");
+    tokenizer_t *tok = tokenizer_load(dir);
+    cr_assert_not_null(tok, "%s", mv_last_error());
+    tok_bytes_t all = {0}, pre = {0};
+    decode_ids(tok, ids, n, &all);
+    // A 3-byte printable ASCII string that first occurs at p and is completed by token m-1, begun before it.
+    char stop[4] = "";
+    size_t p = 0;
+    int m = 0;
+    for (size_t at = 0; at + 3 <= all.len && !m; at++) {
+        const char *s = all.data + at;
+        if (s[0] <= ' ' || s[0] > '~' || s[1] <= ' ' || s[1] > '~' || s[2] <= ' ' || s[2] > '~') continue;
+        if (memmem(all.data, at + 2, s, 3)) continue;  // not its first occurrence
+        int k = 1;
+        for (; k <= n; k++) {
+            decode_ids(tok, ids, k, &pre);
+            if (memmem(pre.data, pre.len, s, 3)) break;
+        }
+        decode_ids(tok, ids, k - 1, &pre);
+        if (pre.len > at && pre.len < at + 3) memcpy(stop, s, 3), p = at, m = k;
+    }
+    cr_assert_gt(m, 0, "test setup: no 3-byte ASCII string of the greedy text spans a token boundary");
+    cr_assert_lt(m, n, "test setup: the stop should come before max_tokens");
+    char list[64];
+    snprintf(list, sizeof list, "[\"never-in-it\", \"%s\"]", stop);
+    for (int include = 0; include <= 1; include++) {
+        cJSON *req = stop_request(list, include);
+        cJSON *o = generate_record(dir, req);
+        int32_t got[MAX_IDS];
+        const int k = ids_from_json(cJSON_GetObjectItem(o, "token_ids"), got, MAX_IDS);
+        cr_expect_eq(k, m, "include %d: %d tokens, the stop is complete after %d: none may be spent past it", include,
+                     k, m);
+        cr_expect(k <= m && memcmp(got, ids, (size_t)k * sizeof *got) == 0, "include %d: the greedy run's ids", include);
+        const size_t want_len = p + (include ? 3 : 0);
+        const char *text = cJSON_GetObjectItem(o, "text")->valuestring;
+        cr_expect(strlen(text) == want_len && memcmp(text, all.data, want_len) == 0,
+                  "include %d: text %zu bytes, want the first %zu (stop \"%s\" at %zu)", include, strlen(text),
+                  want_len, stop, p);
+        cr_expect_str_eq(cJSON_GetObjectItem(o, "finish_reason")->valuestring, "stop");
+        const cJSON *sr = cJSON_GetObjectItem(o, "stop_reason");
+        cr_expect(cJSON_IsString(sr) && strcmp(sr->valuestring, stop) == 0, "stop_reason is the string");
+        cJSON_Delete(o);
+    }
+    // One string, not a list: the same.
+    snprintf(list, sizeof list, "\"%s\"", stop);
+    cJSON *o = generate_record(dir, stop_request(list, 0));
+    cr_expect_eq(cJSON_GetArraySize(cJSON_GetObjectItem(o, "token_ids")), m);
+    cJSON_Delete(o);
+    // Bad values, and no tokenizer: refused before anything runs, naming the key.
+    char path[256], cmd[1024], out[4096];
+    snprintf(path, sizeof path, "%s/bad.jsonl", dir);
+    static const char *const BAD[] = {"[\"\"]", "[\"a\",\"b\",\"c\",\"d\",\"e\"]", "3"};
+    for (int i = 0; i < 3; i++) {
+        char line[256];
+        snprintf(line, sizeof line, "{\"prompt\": \"a\", \"stop\": %s}\n", BAD[i]);
+        write_file(path, line);
+        snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s --output - 2>&1", MV_BUILD_DIR, dir, path);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s: %s", BAD[i], out);
+        cr_expect(strstr(out, "\"stop\""), "%s: %s", BAD[i], out);
+    }
+    write_file(path, "{\"prompt_token_ids\": [40, 63], \"stop\": [\"ab\"]}\n");
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s --output - 2>&1", MV_BUILD_DIR, MODELS[0],
+             path);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "no tokenizer.json"), "%s", out);
+    tok_bytes_free(&all);
+    tok_bytes_free(&pre);
+    tokenizer_free(tok);
+    cJSON_Delete(base);
+    remove_dir(dir);
+}
+
+// The engine core's streaming matcher on its own (text/stop_str.h): text
+// that may be the start of a stop string is never handed out, so what is
+// taken, token by token, is always a prefix of the final (cut) text.
+Test(stop_strings, held_back_text_is_never_taken_back) {
+    const char *qwen = qwen3_dir_or_skip("stop strings with a tokenizer");
+    tokenizer_t *tok = tokenizer_load(qwen);
+    cr_assert_not_null(tok, "%s", mv_last_error());
+    static const char TEXT[] = "Hello world, hello there; hello thing.";
+    tok_ids_t ids = {0};
+    cr_assert_eq(tokenizer_encode(tok, TEXT, strlen(TEXT), &ids), 0);
+    static const char *const STOPS[] = {"lo thi", "xyz"};
+    for (int include = 0; include <= 1; include++) {
+        stop_text_t s;
+        cr_assert_eq(stop_text_init(&s, tok, STOPS, 2, include, 1), 0, "%s", mv_last_error());
+        tok_bytes_t shown = {0};
+        int hit = 0, held = 0;
+        size_t k = 0;
+        for (; k < ids.len && !hit; k++) {
+            hit = stop_text_push(&s, ids.data[k]);
+            size_t n;
+            const char *p = stop_text_take(&s, &n);
+            tok_bytes_append(&shown, p, n);
+            held |= !hit && shown.len < s.text.len;
+            // Never a byte that is not the final text's.
+            cr_expect(memcmp(shown.data, TEXT, shown.len) == 0, "token %zu: shown \"%.*s\"", k, (int)shown.len,
+                      shown.data);
+        }
+        cr_expect_eq(hit, 1);
+        stop_text_finish(&s);
+        size_t n;
+        const char *p = stop_text_take(&s, &n);
+        tok_bytes_append(&shown, p, n);
+        const char *want = include ? "Hello world, hello there; hello thi" : "Hello world, hello there; hel";
+        cr_expect(shown.len == strlen(want) && memcmp(shown.data, want, shown.len) == 0, "include %d: \"%.*s\"",
+                  include, (int)shown.len, shown.data);
+        cr_expect_str_eq(stop_text_matched(&s), "lo thi");
+        // "lo th" of "hello there" looks like the start of "lo thi": held back until "ere" settles it.
+        if (!include) cr_expect(held, "some text was held back");
+        else cr_expect(!held, "include_stop_str_in_output: nothing is ever cut, so nothing is held");
+        tok_bytes_free(&shown);
+        stop_text_free(&s);
+    }
+    tok_ids_free(&ids);
+    tokenizer_free(tok);
+}
+
+// generate --stream: the text on stdout, as it is sampled, is the record's text.
+Test(generate_cli, stream_prints_the_records_text) {
+    const char *qwen = qwen3_dir_or_skip("generate --stream with a tokenizer");
+    char dir[128], cmd[2048], out[4096], rec[256], streamed[256];
+    make_text_model(qwen, dir, sizeof dir);
+    snprintf(rec, sizeof rec, "%s/out.jsonl", dir);
+    snprintf(streamed, sizeof streamed, "%s/stdout", dir);
+    snprintf(cmd, sizeof cmd,
+             "./%s/minivllm generate --model %s --prompt '1+1=' --temperature 0 --max-tokens 30 --ignore-eos --stream "
+             "--output %s > %s 2>&1",
+             MV_BUILD_DIR, dir, rec, streamed);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    size_t n;
+    char *text = read_bytes(streamed, &n);
+    char *rec_text = read_text(rec);
+    cJSON *o = cJSON_Parse(rec_text);
+    free(rec_text);
+    cr_assert_not_null(o);
+    int32_t ids[MAX_IDS];
+    const int k = ids_from_json(cJSON_GetObjectItem(o, "token_ids"), ids, MAX_IDS);
+    cr_expect_eq(k, 30);
+    tokenizer_t *tok = tokenizer_load(dir);
+    tok_bytes_t want = {0};
+    decode_ids(tok, ids, k, &want);
+    cr_expect(n == want.len + 1 && memcmp(text, want.data, want.len) == 0 && text[n - 1] == '\n',
+              "streamed %zu bytes, the record's text is %zu (and a newline)", n, want.len);
+    cr_expect(strncmp(cJSON_GetObjectItem(o, "text")->valuestring, text, strlen(cJSON_GetObjectItem(o, "text")->valuestring)) == 0);
+    // More than one prompt, or --output -: refused, it is one text on stdout.
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --prompt a --prompt b --stream 2>&1", MV_BUILD_DIR, dir);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s", out);
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --prompt a --stream --output - 2>&1", MV_BUILD_DIR, dir);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s", out);
+    tok_bytes_free(&want);
+    tokenizer_free(tok);
+    free(text);
+    cJSON_Delete(o);
+    remove_dir(dir);
+}
+
+// minivllm chat: two turns piped on stdin print the replies generate gives
+// for the same conversation (greedy): the first is generate --chat's, the
+// second generate's for the messages [user, the first reply, user].
+Test(chat_cli, two_turns_equal_generate_on_the_conversation) {
+    const char *qwen = qwen3_dir_or_skip("minivllm chat with a tokenizer");
+    char dir[128], cmd[2048], out[4096], path[256];
+    make_text_model(qwen, dir, sizeof dir);
+    tokenizer_t *tok = tokenizer_load(dir);
+    cr_assert_not_null(tok, "%s", mv_last_error());
+    // Turn one: generate --chat (enable_thinking false, as --no-thinking).
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --chat --prompt hi --temperature 0 --max-tokens 8 "
+                              "--output - 2>&1", MV_BUILD_DIR, dir);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    cJSON *o1 = cJSON_Parse(out);
+    cr_assert_not_null(o1, "%s", out);
+    int32_t ids[MAX_IDS];
+    tok_bytes_t r1 = {0}, r2 = {0};
+    int k = ids_from_json(cJSON_GetObjectItem(o1, "token_ids"), ids, MAX_IDS);
+    decode_ids(tok, ids, k, &r1);
+    cr_assert_eq(strlen(r1.data), r1.len, "test setup: the first reply holds a NUL byte");
+    // Turn two: the conversation so far as messages.
+    cJSON *req = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(req, "messages");
+    const char *turns[3][2] = {{"user", "hi"}, {"assistant", r1.data}, {"user", "more"}};
+    for (int i = 0; i < 3; i++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", turns[i][0]);
+        cJSON_AddStringToObject(m, "content", turns[i][1]);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    cJSON_AddFalseToObject(req, "enable_thinking");
+    cJSON_AddNumberToObject(req, "max_tokens", 8);
+    cJSON_AddNumberToObject(req, "temperature", 0);
+    cJSON *o2 = generate_record(dir, req);
+    k = ids_from_json(cJSON_GetObjectItem(o2, "token_ids"), ids, MAX_IDS);
+    decode_ids(tok, ids, k, &r2);
+    // The chat, both turns on stdin.
+    snprintf(path, sizeof path, "%s/chat.out", dir);
+    snprintf(cmd, sizeof cmd, "printf 'hi\\nmore\\n' | ./%s/minivllm chat --model %s --no-thinking --temperature 0 "
+                              "--max-tokens 8 > %s 2>&1", MV_BUILD_DIR, dir, path);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    size_t n;
+    char *got = read_bytes(path, &n);
+    tok_bytes_t want = {0};
+    tok_bytes_append(&want, r1.data, r1.len);
+    tok_bytes_append(&want, "\n", 1);
+    tok_bytes_append(&want, r2.data, r2.len);
+    tok_bytes_append(&want, "\n", 1);
+    cr_expect(n == want.len && memcmp(got, want.data, n) == 0, "chat printed \"%s\", generate gives \"%s\"", got,
+              want.data);
+    free(got);
+    // "/exit" ends it: one reply.
+    snprintf(cmd, sizeof cmd, "printf 'hi\\n/exit\\nmore\\n' | ./%s/minivllm chat --model %s --no-thinking "
+                              "--temperature 0 --max-tokens 8 > %s 2>&1", MV_BUILD_DIR, dir, path);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    got = read_bytes(path, &n);
+    cr_expect(n == r1.len + 1 && memcmp(got, r1.data, r1.len) == 0, "/exit: one reply, \"%s\"", got);
+    free(got);
+    // No tokenizer: a clear error.
+    snprintf(cmd, sizeof cmd, "echo hi | ./%s/minivllm chat --model %s 2>&1", MV_BUILD_DIR, MODELS[0]);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "chat needs a tokenizer"), "%s", out);
+    tok_bytes_free(&r1);
+    tok_bytes_free(&r2);
+    tok_bytes_free(&want);
+    cJSON_Delete(o1);
+    cJSON_Delete(o2);
+    tokenizer_free(tok);
+    remove_dir(dir);
 }

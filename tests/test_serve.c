@@ -165,7 +165,7 @@ Test(engine_core, late_requests_abort_and_stop_token_ids) {
     const int32_t stop_id = alone.token_ids[4];
     int first = 0;
     while (alone.token_ids[first] != stop_id) first++;
-    const engine_stop_t stop = {&stop_id, 1};
+    const engine_stop_t stop = {.ids = &stop_id, .n = 1};
     cr_assert_eq(engine_core_add(c, &r, &stop, (void *)3, NULL), 0);
     while (engine_core_num_unfinished(c) > 0) cr_assert_eq(engine_core_step(c), 0);
     cr_expect_eq(log.out[3].num_tokens, first + 1);
@@ -173,7 +173,7 @@ Test(engine_core, late_requests_abort_and_stop_token_ids) {
     cr_expect_eq(log.out[3].stop_token_id, stop_id);
     cr_expect_eq(log.stop_flags[3], 1, "on_token says the last token was a stop");
     const int32_t bad = 512;
-    const engine_stop_t bad_stop = {&bad, 1};
+    const engine_stop_t bad_stop = {.ids = &bad, .n = 1};
     cr_expect_eq(engine_core_add(c, &r, &bad_stop, NULL, NULL), -1, "a stop id outside the vocabulary");
     for (int i = 0; i < 4; i++) engine_outputs_free(&log.out[i], 1);
     engine_outputs_free(&alone, 1);
@@ -342,6 +342,10 @@ Test(serve_socket, completions_stream_errors_timeout_and_sigint, .timeout = 60) 
     cr_expect_eq(st, 400, "a text prompt without a tokenizer: %s", resp);
     cr_expect(strstr(body_of(resp), "\"error\":{\"message\":") != NULL, "%s", resp);
     cr_expect(strstr(body_of(resp), "\"param\":\"prompt\"") != NULL, "%s", resp);
+    // Stop strings are matched on the text: without a tokenizer, refused by name.
+    st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"stop\": [\"ab\"]}", resp, sizeof resp);
+    cr_expect(st == 400 && strstr(body_of(resp), "\"param\":\"stop\"") && strstr(resp, "no tokenizer.json"), "%s",
+              resp);
     st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"top_p\": 0}", resp, sizeof resp);
     cr_expect_eq(st, 400, "%s", resp);
     cr_expect(strstr(body_of(resp), "\"param\":\"top_p\"") != NULL, "%s", resp);

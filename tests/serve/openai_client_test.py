@@ -17,7 +17,13 @@ The outputs are nonsense text; what is checked is that they are the engine's:
     401 (no key, wrong key), 404 (model, path), 405, 413, 503 (queue full);
   - a client that disconnects mid-stream: its request is aborted and its KV blocks are
     free at once (/metrics before and after);
-  - SIGTERM drains: the running stream completes, the server exits 0.
+  - SIGTERM drains: the running stream completes, the server exits 0;
+  - stop strings (completions and chat, stream and not, include_stop_str_in_output both
+    ways): the text is generate's for the same "stop", cut before the string (after it
+    with include), finish_reason "stop", stop_reason the string, completion_tokens the
+    fewest tokens whose text holds it; the string spans a token boundary, and the
+    streamed chunks add up to the cut text (a chunk that showed part of the string
+    would leave it in).
 
 Exit 0 when every check passed; 1 with FAIL lines; 77 (skip) without the openai module.
 """
@@ -214,6 +220,91 @@ def test_chat(exe, model, srv):
     check(r2.usage.prompt_tokens < r.usage.prompt_tokens, "chat: enable_thinking=false adds the empty think block")
 
 
+def detokenize(exe, model, ids):
+    if not ids:
+        return ""
+    out = subprocess.run([exe, "detokenize", "--model", model, "--ids", ",".join(map(str, ids)), "--skip-special",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def pick_stop(exe, model, ids, text):
+    """A 3-character printable ASCII piece of text that first occurs at p and that the
+    token completing it did not begin: (stop, p, m = tokens up to the one completing it)."""
+    prefixes = [detokenize(exe, model, ids[:k]) for k in range(len(ids) + 1)]
+    for p in range(1, len(text) - 2):  # p > 0: something before the stop is kept
+        s = text[p:p + 3]
+        if not all("!" <= ch <= "~" for ch in s) or text.find(s) != p:
+            continue
+        m = next(k for k in range(len(ids) + 1) if s in prefixes[k])
+        if p < len(prefixes[m - 1]) < p + 3:
+            return s, p, m
+    return None
+
+
+def test_stop(exe, model, srv):
+    c = openai.OpenAI(base_url=srv.url, api_key=KEY, max_retries=0)
+    prompt, base = "1+1=", {"ignore_eos": True, "return_token_ids": True}
+    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0, extra_body=base)
+    ids, text = r.choices[0].model_extra["token_ids"], r.choices[0].text
+    got = pick_stop(exe, model, ids, text)
+    if not check(got is not None, "stop: a stop string spanning a token boundary in %r" % text):
+        return
+    stop, p, m = got
+    for include in (False, True):
+        want_text = text[:p + 3] if include else text[:p]
+        gen = generate(exe, model, {"prompt": prompt, "max_tokens": 30, "temperature": 0, "ignore_eos": True,
+                                    "stop": ["never-in-it", stop], "include_stop_str_in_output": include})
+        what = "stop %r (include %s)" % (stop, include)
+        check(gen["text"] == want_text and gen["stop_reason"] == stop, "%s: generate's text is cut" % what)
+        kw = dict(base, include_stop_str_in_output=include)
+        r = c.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0,
+                                 stop=["never-in-it", stop], extra_body=kw)
+        ch = r.choices[0]
+        check(ch.text == want_text == gen["text"], "%s: completions text %r, want %r" % (what, ch.text, want_text))
+        check(ch.finish_reason == "stop" and ch.model_extra.get("stop_reason") == stop,
+              "%s: finish_reason stop, stop_reason the string (%s %s)" % (what, ch.finish_reason,
+                                                                        ch.model_extra.get("stop_reason")))
+        check(r.usage.completion_tokens == m and ch.model_extra["token_ids"] == ids[:m],
+              "%s: no token past the stop (%d tokens, want %d)" % (what, r.usage.completion_tokens, m))
+        chunks, reasons, usage = [], [], None
+        for ev in c.completions.create(model="tiny", prompt=prompt, max_tokens=30, temperature=0, stop=stop,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True, "include_stop_str_in_output": include}):
+            usage = ev.usage or usage
+            for x in ev.choices:
+                chunks.append(x.text)
+                if x.finish_reason:
+                    reasons.append((x.finish_reason, x.model_extra.get("stop_reason")))
+        check("".join(chunks) == want_text, "%s: the streamed chunks add up to the cut text (%r)" % (what, chunks))
+        check(reasons == [("stop", stop)] and usage is not None and usage.completion_tokens == m,
+              "%s: stream ends with stop, %s, %s" % (what, reasons, usage))
+    # Chat, stream and not: the same as generate's for the same messages and stop.
+    msgs = [{"role": "user", "content": "hi"}]
+    kw = {"chat_template_kwargs": {"enable_thinking": False}, "ignore_eos": True, "return_token_ids": True}
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=30, temperature=0, extra_body=kw)
+    cids, ctext = r.choices[0].model_extra["token_ids"], r.choices[0].message.content
+    got = pick_stop(exe, model, cids, ctext)
+    if not check(got is not None, "chat stop: a stop string spanning a token boundary in %r" % ctext):
+        return
+    stop, p, m = got
+    gen = generate(exe, model, {"messages": msgs, "enable_thinking": False, "max_tokens": 30, "temperature": 0,
+                                "ignore_eos": True, "stop": stop})
+    r = c.chat.completions.create(model="tiny", messages=msgs, max_tokens=30, temperature=0, stop=[stop],
+                                  extra_body=kw)
+    ch = r.choices[0]
+    check(ch.message.content == ctext[:p] == gen["text"] and ch.finish_reason == "stop" and
+          r.usage.completion_tokens == m, "chat stop %r: content %r, %d tokens" % (stop, ch.message.content,
+                                                                                 r.usage.completion_tokens))
+    text = ""
+    for ev in c.chat.completions.create(model="tiny", messages=msgs, max_tokens=30, temperature=0, stop=[stop],
+                                        stream=True, extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                                                                 "ignore_eos": True}):
+        for x in ev.choices:
+            text += x.delta.content or ""
+    check(text == ctext[:p], "chat stream stop %r: the chunks add up to the cut content (%r)" % (stop, text))
+
+
 def test_errors(exe, model, srv):
     c = openai.OpenAI(base_url=srv.url, api_key=KEY, max_retries=0)
     expect_status(lambda: openai.OpenAI(base_url=srv.url, api_key="wrong", max_retries=0).completions.create(
@@ -226,8 +317,10 @@ def test_errors(exe, model, srv):
     expect_status(lambda: c.completions.create(model="tiny", prompt="a", temperature=-1), 400,
                   "400 names an out-of-range field", "temperature")
     expect_status(lambda: c.completions.create(model="tiny", prompt="a", n=2), 400, "400 not supported yet: n", "n")
-    expect_status(lambda: c.completions.create(model="tiny", prompt="a", stop=["x"]), 400,
-                  "400 not supported yet: stop", "stop")
+    expect_status(lambda: c.completions.create(model="tiny", prompt="a", stop=["a", "b", "c", "d", "e"]), 400,
+                  "400 for more than 4 stop strings", "stop")
+    expect_status(lambda: c.completions.create(model="tiny", prompt="a", stop=[""]), 400,
+                  "400 for an empty stop string", "stop")
     expect_status(lambda: c.completions.create(model="tiny", prompt="a" * 5000), 413, "413 for a body over the limit")
     expect_status(lambda: c.completions.create(model="tiny", prompt=[1] * 600), 400,
                   "400 for a prompt longer than max_model_len", "prompt")
@@ -316,6 +409,7 @@ def main():
         try:
             test_completions(exe, d, srv)
             test_chat(exe, d, srv)
+            test_stop(exe, d, srv)
             test_errors(exe, d, srv)
         finally:
             rc = srv.stop()

@@ -159,6 +159,8 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 // cmd_serve.c (with chapters/09-engine/serve/)
 int cmd_serve(int argc, char **argv);
+// cmd_chat.c
+int cmd_chat(int argc, char **argv);
 
 #ifdef __cplusplus
 }

@@ -11,15 +11,21 @@
  *   "messages": [{"role": "user", "content": "..."}], and optionally
  *       "add_generation_prompt" (default true here) and "enable_thinking"
  * and optionally "max_tokens", "temperature", "top_k", "top_p", "seed",
- * "ignore_eos", which override the command line's values for that line.
+ * "ignore_eos", which override the command line's values for that line,
+ * and "stop" (a string or up to 4: vLLM's stop strings, matched on the text
+ * as it is generated; the request ends at once, its text cut before the
+ * string) with "include_stop_str_in_output" (keep the string in the text).
  * (cli/requests.c reads these lines, for `bench --input` too.)
  * Every request is submitted at once and batched continuously. Each result
  * is written the moment its request finishes, one JSON line each, in the
  * order requests finish (the "index" says which request it is; --ordered
  * writes them in input order instead, each as soon as it and every request
  * before it are done):
- *   {"index":0,"token_ids":[...],"text":"...","finish_reason":"stop"}
- * (text is "" without a tokenizer). A line is written whole with one
+ *   {"index":0,"token_ids":[...],"text":"...","finish_reason":"stop","stop_reason":null}
+ * (stop_reason as vLLM's: the stop string or stop token id that ended it).
+ * (text is "" without a tokenizer). --stream (one text prompt) prints
+ * the text on stdout as tokens are sampled, flushed per token, then a
+ * newline; the JSON line still goes to --output when it is given. A line is written whole with one
  * write(2), not buffered: a crash or a kill loses only what had not finished,
  * and the file never holds a cut line (cli_out_t: a short write is cut back
  * off, and the write error stops the run with exit status 1).
@@ -74,19 +80,22 @@
 
 static const char GENERATE_USAGE[] =
     "usage: minivllm generate --model DIR [--prompt TEXT]... [--input FILE.jsonl] [--output FILE.jsonl]\n"
-    "                         [--ordered] [--chat] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                         [--ordered] [--chat] [--stream] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                         [--seed S] [--ignore-eos] [--logits-out FILE.npy] [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Generate text with a Qwen3 model directory (config.json, safetensors weights, and\n"
     "tokenizer.json for text prompts). Requests come from --prompt (repeatable) and from the\n"
     "lines of --input (\"-\" = stdin); each line is a JSON object with one of \"prompt\" (text),\n"
     "\"prompt_token_ids\" (a list of ids) or \"messages\" (a chat), and optionally \"max_tokens\",\n"
-    "\"temperature\", \"top_k\", \"top_p\", \"seed\", \"ignore_eos\". All requests run together\n"
+    "\"temperature\", \"top_k\", \"top_p\", \"seed\", \"ignore_eos\", \"stop\" (a string or up to 4) and\n"
+    "\"include_stop_str_in_output\". All requests run together\n"
     "(continuous batching). Each result is written as its request finishes, in finish order\n"
     "(--ordered: in input order). With --output, one JSON line per request:\n"
-    "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"|\"error\"}\n"
+    "  {\"index\": 0, \"token_ids\": [...], \"text\": \"...\", \"finish_reason\": \"stop\"|\"length\"|\"error\",\n"
+    "   \"stop_reason\": null|\"stop string\"|stop token id}\n"
     "(with \"error\": \"why\" when a request failed alone); without it, each request's text (or\n"
-    "ids, without a tokenizer) on stdout.\n"
+    "ids, without a tokenizer) on stdout. --stream (one --prompt): the text on stdout as it is\n"
+    "sampled, then a newline (the JSON line to --output FILE when given).\n"
     "--logits-out FILE.npy: each request's first-step logits, float32 [requests, vocab] (numpy .npy).\n"
     "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
     "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
@@ -107,6 +116,8 @@ typedef struct {
     int next;                     // --ordered: the first request not yet written
     tok_bytes_t text, rec;        // scratch: decoded text, the record being built
     struct logits_out *lo;        // --logits-out's file (its path NULL without the option)
+    int stream;                   // --stream: the one request's text on stdout as it is sampled
+    stop_text_t dec;              // --stream's decoder (no stop strings: the text as format_output decodes it)
 } gen_ctx_t;
 
 static int append_str(tok_bytes_t *b, const char *s) { return tok_bytes_append(b, s, strlen(s)); }
@@ -134,7 +145,8 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
     c->text.len = 0;
     // Unknown ids (padding rows) decode to no text: decoding cannot fail on them.
     int rc = tok_bytes_append(&c->text, "", 0);
-    if (!rc && c->e->tokenizer)
+    if (!rc && o->text) rc = tok_bytes_append(&c->text, o->text, o->text_len);  // cut at a stop string
+    else if (!rc && c->e->tokenizer)
         rc = tokenizer_decode(c->e->tokenizer, o->token_ids, (size_t)o->num_tokens, 1, &c->text);
     if (rc) return -1;
     const char *reason = engine_output_finish_reason(o);
@@ -152,10 +164,40 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
          append_str(b, ",\"text\":") || cli_json_string_append(b, c->text.data, c->text.len) ||
          append_fmt(b, ",\"finish_reason\":\"%s\"", reason);
     if (!rc && o->error) rc = append_str(b, ",\"error\":") || cli_json_string_append(b, o->error, strlen(o->error));
+    // vLLM's stop_reason: the stop string or stop token id that ended it, else null.
+    if (!rc) rc = append_str(b, ",\"stop_reason\":");
+    if (!rc && o->stop_str) rc = cli_json_string_append(b, o->stop_str, strlen(o->stop_str));
+    else if (!rc && o->stop_token_id >= 0) rc = append_fmt(b, "%d", o->stop_token_id);
+    else if (!rc) rc = append_str(b, "null");
     return rc || append_str(b, "}\n") ? -1 : 0;
 }
 
+// --stream: what is settled of the text, on stdout now.
+static int stream_out(gen_ctx_t *c) {
+    size_t n;
+    const char *p = stop_text_take(&c->dec, &n);
+    if ((n && fwrite(p, 1, n, stdout) != n) || fflush(stdout)) return mv_error("stdout: %s", strerror(errno));
+    return 0;
+}
+
+// engine_hooks_t.on_token (--stream): decoded as format_output decodes (special tokens skipped).
+static void stream_token(void *ctx, int request, int32_t token, int stop) {
+    gen_ctx_t *c = ctx;
+    (void)request, (void)stop;
+    if (c->e->tokenizer && stop_text_push(&c->dec, token) >= 0) stream_out(c);
+}
+
 static int write_output(gen_ctx_t *c, int i) {
+    if (c->stream) {
+        // The end of the streamed text; the record itself only to --output FILE.
+        if ((c->e->tokenizer && (stop_text_finish(&c->dec) || stream_out(c))) || fputs("\n", stdout) == EOF ||
+            fflush(stdout))
+            return -1;
+        if (!c->jsonl) {
+            c->written[i] = 1;
+            return 0;
+        }
+    }
     if (format_output(c, i, &c->outs[i]) || cli_out_write(&c->out, c->rec.data, c->rec.len)) return -1;
     c->written[i] = 1;
     return 0;
@@ -182,7 +224,7 @@ static int write_held_back(gen_ctx_t *c) {
 // Every "--prompt TEXT" / "--prompt=TEXT" (cli_parse keeps only the last).
 static int collect_prompts(int argc, char **argv, const char ***out) {
     static const char *const FLAGS[] = {"--chat", "--ignore-eos", "--no-prefix-caching", "--enforce-eager",
-                                        "--ordered"};
+                                        "--ordered", "--stream"};
     int n = 0;
     *out = calloc((size_t)argc, sizeof **out);
     for (int i = 1; *out && i < argc; i++) {
@@ -259,7 +301,7 @@ static int logits_out_finish(logits_out_t *o, int ok) {
 typedef struct {
     const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed, *logits_out;
     cli_engine_args_t eng;
-    int chat, ignore_eos, ordered;
+    int chat, ignore_eos, ordered, stream;
 } gen_args_t;
 
 // The command line's sampling values over generation_config.json's.
@@ -328,10 +370,11 @@ static int report(gen_ctx_t *c, int stopped, const engine_config_t *ec) {
 static int run_requests(gen_ctx_t *c, logits_out_t *lo, const engine_config_t *ec) {
     const int n = c->rq.n;
     engine_request_t *reqs = cli_requests_to_engine(&c->rq);
+    engine_stop_t *stops = cli_requests_stops(&c->rq);
     engine_output_t *outs = calloc((size_t)(n ? n : 1), sizeof *outs);
     c->written = calloc((size_t)(n ? n : 1), 1);
     c->outs = outs;
-    int rc = reqs && outs && c->written ? 0 : mv_error("out of memory");
+    int rc = reqs && stops && outs && c->written ? 0 : mv_error("out of memory");
     if (!rc && lo->path) {
         lo->n = n;
         lo->seen = calloc((size_t)n, 1);
@@ -340,9 +383,10 @@ static int run_requests(gen_ctx_t *c, logits_out_t *lo, const engine_config_t *e
     int st = CLI_FAIL;
     if (!rc) {
         c->lo = lo;
-        const engine_hooks_t hooks = {lo->path ? save_first_logits : NULL, on_finished, &cli_stop_signal, c};
+        const engine_hooks_t hooks = {lo->path ? save_first_logits : NULL, on_finished, &cli_stop_signal, c,
+                                      c->stream ? stream_token : NULL};
         cli_catch_stop_signals();
-        rc = engine_run(c->e, reqs, n, outs, &hooks);
+        rc = engine_run_stops(c->e, reqs, stops, n, outs, &hooks);
         if (rc < 0 && c->e->failed_request >= 0) {
             char where[512];
             cli_requests_where(&c->rq, c->e->failed_request, where, sizeof where);
@@ -360,6 +404,7 @@ static int run_requests(gen_ctx_t *c, logits_out_t *lo, const engine_config_t *e
     engine_outputs_free(outs, n);
     free(outs);
     free(reqs);
+    free(stops);
     free(c->written);
     return rc < 0 ? CLI_FAIL : st;
 }
@@ -370,7 +415,7 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     if (st) return st;
     ec.progress = isatty(STDERR_FILENO);
     gen_ctx_t c = {.rq = {.path = a->input, .model_dir = a->model, .chat = a->chat},
-                   .jsonl = a->output != NULL, .ordered = a->ordered};
+                   .jsonl = a->output != NULL, .ordered = a->ordered, .stream = a->stream};
     // Parse the numbers before loading anything: a typo costs nothing.
     qwen3_config_t mc;
     if (qwen3_config_load(a->model, &mc)) return cli_error("generate", CLI_FAIL, "%s", mv_last_error());
@@ -388,12 +433,16 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
         for (int i = 0; i < n_prompts && !rc; i++) rc = cli_requests_add_text(&c.rq, prompts[i], i);
         if (!rc && a->input) rc = cli_requests_read(&c.rq, a->input);
         if (!rc && c.rq.n == 0) rc = mv_error("no requests: give --prompt or a non-empty --input");
+        if (!rc && c.stream && !c.e->tokenizer)
+            rc = mv_error("--stream prints text, and %s has no tokenizer.json", a->model);
+        if (!rc && c.stream) rc = stop_text_init(&c.dec, c.e->tokenizer, NULL, 0, 0, 1);
     }
     if (rc) st = cli_error("generate", CLI_FAIL, "%s", mv_last_error());
     else st = run_requests(&c, &lo, &ec);
     if (cli_out_close(&c.out) && st == CLI_OK) st = cli_error("generate", CLI_FAIL, "%s", mv_last_error());
     tok_bytes_free(&c.text);
     tok_bytes_free(&c.rec);
+    stop_text_free(&c.dec);
     cli_requests_free(&c.rq);
     engine_free(c.e);
     return st;
@@ -408,6 +457,8 @@ int cmd_generate(int argc, char **argv) {
         {"--output", "FILE", "write one JSON line per request here, - for stdout (default: text on stdout)", &a.output, NULL},
         {"--ordered", NULL, "write results in input order (default: each as its request finishes)", NULL, &a.ordered},
         {"--chat", NULL, "wrap each text prompt as a user message (Qwen3 chat template)", NULL, &a.chat},
+        {"--stream", NULL, "one --prompt: print its text as it is sampled (the JSON line to --output FILE)", NULL,
+         &a.stream},
         {"--max-tokens", "N", "tokens to generate per request (default 16)", &a.max_tokens, NULL},
         {"--temperature", "T", "0 = greedy (default: generation_config.json, else 1)", &a.temperature, NULL},
         {"--top-k", "K", "keep the K most likely tokens, 0 = off (default: generation_config.json)", &a.top_k, NULL},
@@ -437,6 +488,12 @@ int cmd_generate(int argc, char **argv) {
     if (n_prompts == 0 && !a.input) {
         free(prompts);
         return cli_error("generate", CLI_USAGE, "give --prompt TEXT or --input FILE.jsonl");
+    }
+    if (a.stream && (n_prompts != 1 || a.input || (a.output && !strcmp(a.output, "-")))) {
+        free(prompts);
+        return cli_error("generate", CLI_USAGE,
+                         "--stream prints one prompt's text on stdout: give exactly one --prompt, no --input, "
+                         "and --output FILE (not -) for the JSON line");
     }
     st = run_generate(&a, prompts, n_prompts);
     free(prompts);

@@ -8,6 +8,7 @@
  *   minivllm generate   --model DIR --prompt "Hello"    run the engine (--device cpu or cuda)
  *   minivllm bench      --model DIR --random-weights    time the engine: output and total tok/s
  *   minivllm serve      --model DIR --port 8000         an OpenAI-compatible HTTP server (serve/)
+ *   minivllm chat       --model DIR                     an interactive chat, replies streamed
  * Adding a command is one line in COMMANDS below (see cli.h).
  *
  * Build and run:  make && ./build/minivllm --help   (--version: the version and the build)
@@ -32,6 +33,7 @@ static const command_t COMMANDS[] = {
     {"generate", "prompts -> generated tokens with the engine (continuous batching)", cmd_generate},
     {"bench", "time the engine on random requests: output tok/s and total tok/s", cmd_bench},
     {"serve", "an OpenAI-compatible HTTP server (completions, chat, streaming)", cmd_serve},
+    {"chat", "an interactive multi-turn chat at the terminal, replies streamed", cmd_chat},
 };
 enum { N_COMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 

@@ -84,7 +84,42 @@ static int line_messages(const cli_requests_t *c, const cJSON *req, tok_ids_t *i
 
 static const char *const LINE_KEYS[] = {"prompt",      "prompt_token_ids", "messages", "add_generation_prompt",
                                         "enable_thinking", "max_tokens",   "temperature", "top_k",
-                                        "top_p",       "seed",             "ignore_eos"};
+                                        "top_p",       "seed",             "ignore_eos", "stop",
+                                        "include_stop_str_in_output"};
+
+static void stop_free(engine_stop_t *s) {
+    for (int i = 0; i < s->num_strs; i++) free((char *)s->strs[i]);
+    free((void *)s->strs);
+    *s = (engine_stop_t){0};
+}
+
+// "stop": a string or a list of up to STOP_STR_MAX non-empty strings ([] = none),
+// and "include_stop_str_in_output", into r->stop.
+static int line_stop(const cli_requests_t *c, const cJSON *req, cli_request_t *r) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "stop");
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(req, "include_stop_str_in_output");
+    if (inc && !cJSON_IsBool(inc)) return mv_error("\"include_stop_str_in_output\" must be true or false");
+    if (!v || cJSON_IsNull(v)) return 0;
+    const int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > STOP_STR_MAX)
+        return mv_error("\"stop\" must be a string or a list of up to %d strings", STOP_STR_MAX);
+    if (n == 0) return 0;
+    if (c->text_refused) return mv_error("\"stop\": %s", c->text_refused);
+    if (!c->tokenizer)
+        return mv_error("\"stop\" strings are matched on the text, and %s has no tokenizer.json", c->model_dir);
+    engine_stop_t *s = &r->stop;
+    char **strs = calloc(STOP_STR_MAX, sizeof *strs);
+    if (!strs) return mv_error("out of memory");
+    s->strs = (const char *const *)strs;
+    s->include_str = inc && cJSON_IsTrue(inc);
+    const cJSON *e = cJSON_IsString(v) ? v : v->child;
+    for (int k = 0; k < n; k++, e = e->next) {
+        if (!cJSON_IsString(e) || !e->valuestring[0]) return mv_error("\"stop\"[%d] must be a non-empty string", k);
+        if (!(strs[k] = strdup(e->valuestring))) return mv_error("out of memory");
+        s->num_strs = k + 1;
+    }
+    return 0;
+}
 
 // The sampling keys of a line, over the defaults.
 static int line_params(const cli_requests_t *c, const cJSON *req, cli_request_t *r) {
@@ -132,7 +167,7 @@ static int parse_request(const cli_requests_t *c, const cJSON *req, cli_request_
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
     if (!!prompt + !!ids + !!msgs != 1)
         return mv_error("a request needs exactly one of \"prompt\", \"prompt_token_ids\" and \"messages\"");
-    if (line_params(c, req, r)) return -1;
+    if (line_params(c, req, r) || line_stop(c, req, r)) return -1;
     if (prompt && !cJSON_IsString(prompt)) return mv_error("\"prompt\" must be a string");
     int rc = prompt ? encode_text(c, prompt->valuestring, &r->prompt)
                     : ids ? line_ids(c, ids, &r->prompt) : line_messages(c, req, &r->prompt);
@@ -152,6 +187,7 @@ int cli_requests_add_line(cli_requests_t *c, const char *line, size_t len, long 
     if (!rc) rc = push_request(c, &r);
     if (rc) {
         tok_ids_free(&r.prompt);
+        stop_free(&r.stop);
         mv_error_prefix("%s:%ld", c->path, line_no);
     }
     return rc;
@@ -191,8 +227,17 @@ engine_request_t *cli_requests_to_engine(const cli_requests_t *c) {
     return reqs;
 }
 
+engine_stop_t *cli_requests_stops(const cli_requests_t *c) {
+    engine_stop_t *s = calloc((size_t)(c->n ? c->n : 1), sizeof *s);
+    for (int i = 0; s && i < c->n; i++) s[i] = c->reqs[i].stop;
+    return s;
+}
+
 void cli_requests_free(cli_requests_t *c) {
-    for (int i = 0; i < c->n; i++) tok_ids_free(&c->reqs[i].prompt);
+    for (int i = 0; i < c->n; i++) {
+        tok_ids_free(&c->reqs[i].prompt);
+        stop_free(&c->reqs[i].stop);
+    }
     free(c->reqs);
     c->reqs = NULL;
     c->n = c->cap = 0;

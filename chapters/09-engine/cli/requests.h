@@ -8,7 +8,9 @@
  *   "messages": [{"role": "user", "content": "..."}], and optionally
  *       "add_generation_prompt" (default true here) and "enable_thinking"
  * and optionally "max_tokens", "temperature", "top_k", "top_p", "seed",
- * "ignore_eos", over the command's defaults for that line. Blank lines are
+ * "ignore_eos", over the command's defaults for that line, and "stop" (a
+ * string or a list of up to 4, vLLM's stop strings: they need the
+ * tokenizer) with "include_stop_str_in_output". Blank lines are
  * skipped. Anything else (an unknown key, a value of the wrong type, an id
  * outside the vocabulary, an empty prompt) is an error naming the file, the
  * line and the key: "requests.jsonl:3: \"max_tokens\" must be an integer >= 1".
@@ -39,6 +41,7 @@ typedef struct {
     uint64_t seed;               // the line's "seed", else base_seed + the request's index
     long line_no;                // its line in the file (from 1); 0 for a --prompt
     int prompt_arg;              // which --prompt (from 0) when line_no is 0
+    engine_stop_t stop;          // the line's "stop" strings (num_strs 0 without; strs and its strings malloc'd)
 } cli_request_t;
 
 // The reader's settings (set by the caller) and the requests read so far.
@@ -70,6 +73,8 @@ void cli_requests_where(const cli_requests_t *c, int i, char *buf, size_t cap);
 // The requests as the engine takes them: [c->n], pointing into c (which
 // must outlive them); free() the array.
 engine_request_t *cli_requests_to_engine(const cli_requests_t *c);
+// Their stops, as engine_run_stops takes them: [c->n], pointing into c; free() the array.
+engine_stop_t *cli_requests_stops(const cli_requests_t *c);
 void cli_requests_free(cli_requests_t *c);
 
 #ifdef __cplusplus

@@ -249,6 +249,8 @@ void engine_outputs_free(engine_output_t *outputs, int n) {
     for (int i = 0; outputs && i < n; i++) {
         free(outputs[i].token_ids);
         free(outputs[i].error);
+        free(outputs[i].text);
+        free(outputs[i].stop_str);
         outputs[i] = (engine_output_t){0};
     }
 }
@@ -271,6 +273,7 @@ typedef struct {
     int32_t *stop_ids;          // [num_stop_ids] stop_token_ids, malloc'd (NULL when none)
     int num_stop_ids;
     int32_t stop_hit;           // the stop_token_ids entry that ended it, else -1
+    stop_text_t *text;          // with stop strings: the decoded text they are checked on, else NULL
     char *failed;               // why it could not go on (set in the step it failed), else NULL
     double arrival_s, first_token_s;  // since the core began (first_token_s 0 until then)
 } core_req_t;
@@ -295,6 +298,8 @@ static void core_req_free(core_req_t *r) {
     if (!r) return;
     free(r->stop_ids);
     free(r->failed);
+    if (r->text) stop_text_free(r->text);
+    free(r->text);
     free(r);
 }
 
@@ -360,7 +365,7 @@ void engine_core_free(engine_core_t *c) {
 
 int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_stop_t *stop, void *user,
                     int64_t *id) {
-    static const engine_stop_t no_stop = {NULL, 0};
+    static const engine_stop_t no_stop = {0};
     if (!stop) stop = &no_stop;
     const int V = c->e->model.vocab_size;
     if (r->num_prompt > 0 && embedding_validate_ids(r->prompt, r->num_prompt, V)) return -1;
@@ -381,6 +386,16 @@ int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_st
         }
         memcpy(q->stop_ids, stop->ids, (size_t)stop->n * sizeof(int32_t));
         q->num_stop_ids = stop->n;
+    }
+    if (stop->num_strs > 0) {
+        const tokenizer_t *tok = c->e->tokenizer;
+        int bad = !tok ? mv_error("stop strings need a tokenizer, and %s has no tokenizer.json", c->e->cfg.model_dir)
+                       : !(q->text = calloc(1, sizeof *q->text)) ? mv_error("engine: out of memory")
+                       : stop_text_init(q->text, tok, stop->strs, stop->num_strs, stop->include_str, !stop->keep_special);
+        if (bad) {
+            core_req_free(q);
+            return -1;
+        }
     }
     int64_t got;
     if (scheduler_add_request_user(&c->sched, r->prompt, r->num_prompt, &r->params, q, &got, NULL)) {
@@ -423,6 +438,19 @@ static int collect_finished(engine_core_t *c) {
             o.arrival_s = r->arrival_s;
             o.first_token_s = r->first_token_s;
             o.finish_s = engine_core_now(c);
+            if (r->text && !stop_text_finish(r->text)) {
+                // The output takes the text over (cut at the stop, when one matched).
+                o.text = r->text->text.data;
+                o.text_len = r->text->text.len;
+                r->text->text = (tok_bytes_t){0};
+                const char *hit = stop_text_matched(r->text);
+                if (hit && !o.error && q->finish_reason != FINISH_ABORTED) {
+                    if (!(o.stop_str = strdup(hit))) rc = mv_error("engine: out of memory");
+                    o.finish_reason = FINISH_EOS;  // "stop", whatever length it reached too
+                }
+            } else if (r->text) {
+                rc = -1;
+            }
             const tokenizer_t *tok = c->e->tokenizer;
             for (int k = 0; tok && k < g; k++) o.num_unknown_tokens += !tokenizer_knows_id(tok, o.token_ids[k]);
             c->st.num_unknown_tokens += o.num_unknown_tokens;
@@ -434,7 +462,10 @@ static int collect_finished(engine_core_t *c) {
         core_req_free(r);
         q->user = NULL;
         sequence_free(q);
-        if (rc) return -1;
+        if (rc) {
+            engine_outputs_free(&o, 1);
+            return -1;
+        }
         if (!c->hooks.on_finished) engine_outputs_free(&o, 1);
         else if (c->hooks.on_finished(c->hooks.ctx, user, &o)) return -1;
     }
@@ -528,10 +559,19 @@ static int sample_on_host(engine_core_t *c, const sched_step_t *st) {
     return 0;
 }
 
-// Before postprocess: the first token's time, and stop_token_ids. A row
-// that sampled one of its request's stop ids gets max_tokens cut to this
-// token, so the scheduler finishes it in this postprocess and frees its blocks.
-static void before_postprocess(engine_core_t *c, const sched_step_t *st) {
+static int is_eos(const engine_core_t *c, int32_t token) {
+    for (int i = 0; i < c->e->sched_cfg.num_eos; i++)
+        if (c->e->sched_cfg.eos_ids[i] == token) return 1;
+    return 0;
+}
+
+// Before postprocess: the first token's time, stop_token_ids and stop
+// strings. A row that sampled one of its request's stop ids, or whose text
+// now holds one of its stop strings, gets max_tokens cut to this token, so
+// the scheduler finishes it in this postprocess and frees its blocks: no
+// token is computed past a stop. An eos (that ends it) or a stop id has no
+// text, as vLLM leaves theirs out.
+static int before_postprocess(engine_core_t *c, const sched_step_t *st) {
     const double t = engine_core_now(c);
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
@@ -544,7 +584,12 @@ static void before_postprocess(engine_core_t *c, const sched_step_t *st) {
                 q->params.max_tokens = sequence_num_generated(q) + 1;
                 break;
             }
+        if (!r->text || r->stop_hit >= 0 || (!q->params.ignore_eos && is_eos(c, c->sampled[k]))) continue;
+        const int hit = stop_text_push(r->text, c->sampled[k]);
+        if (hit < 0) return -1;
+        if (hit) q->params.max_tokens = sequence_num_generated(q) + 1;
     }
+    return 0;
 }
 
 int engine_core_step(engine_core_t *c) {
@@ -566,7 +611,7 @@ int engine_core_step(engine_core_t *c) {
     const double t_post = now_s();
     c->st.runner_s += t_post - t_run;
     if (!on_device && sample_on_host(c, st)) return -1;
-    before_postprocess(c, st);
+    if (before_postprocess(c, st)) return -1;
     if (scheduler_postprocess(&c->sched, c->sampled)) return -1;
     c->st.num_steps++;
     c->st.num_generated_tokens += st->num_sample;
@@ -602,6 +647,11 @@ static int run_on_finished(void *ctx, void *user, engine_output_t *o) {
     return run->hooks->on_finished ? run->hooks->on_finished(run->hooks->ctx, (int)i, &run->outputs[i]) : 0;
 }
 
+static void run_on_token(void *ctx, void *user, int32_t token, int stop) {
+    const run_t *run = ctx;
+    run->hooks->on_token(run->hooks->ctx, (int)(intptr_t)user, token, stop);
+}
+
 static void run_on_logits(void *ctx, void *user, int gen_index, const float *logits, int vocab) {
     const run_t *run = ctx;
     run->hooks->on_logits(run->hooks->ctx, (int)(intptr_t)user, gen_index, logits, vocab);
@@ -609,13 +659,19 @@ static void run_on_logits(void *ctx, void *user, int gen_index, const float *log
 
 int engine_run(engine_t *e, const engine_request_t *reqs, int n, engine_output_t *outputs,
                const engine_hooks_t *hooks) {
+    return engine_run_stops(e, reqs, NULL, n, outputs, hooks);
+}
+
+int engine_run_stops(engine_t *e, const engine_request_t *reqs, const engine_stop_t *stops, int n,
+                     engine_output_t *outputs, const engine_hooks_t *hooks) {
     static const engine_hooks_t no_hooks = {0};
     if (n < 0) return mv_error("engine: n must be >= 0");
     for (int i = 0; i < n; i++) outputs[i] = (engine_output_t){0};
     e->failed_request = -1;
     e->stopped = 0;
     run_t run = {outputs, n, hooks ? hooks : &no_hooks};
-    const engine_core_hooks_t ch = {.on_finished = run_on_finished,
+    const engine_core_hooks_t ch = {.on_token = run.hooks->on_token ? run_on_token : NULL,
+                                    .on_finished = run_on_finished,
                                     .on_logits = run.hooks->on_logits ? run_on_logits : NULL,
                                     .ctx = &run};
     engine_core_t *c;
@@ -623,7 +679,7 @@ int engine_run(engine_t *e, const engine_request_t *reqs, int n, engine_output_t
     int rc = 0;
     // Every request is checked and added before anything runs: a bad one fails the call.
     for (int i = 0; i < n && !rc; i++) {
-        if (engine_core_add(c, &reqs[i], NULL, (void *)(intptr_t)i, NULL)) {
+        if (engine_core_add(c, &reqs[i], stops ? &stops[i] : NULL, (void *)(intptr_t)i, NULL)) {
             e->failed_request = i;
             rc = mv_error_prefix("request %lld", (long long)i);
         }

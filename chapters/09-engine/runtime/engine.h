@@ -53,6 +53,7 @@
 #include "chapters/08-scheduler/sched/scheduler.h"
 #include "chapters/09-engine/model/model_config.h"
 #include "chapters/09-engine/runtime/model_runner.h"
+#include "chapters/09-engine/text/stop_str.h"
 #include "chapters/09-engine/text/tokenizer.h"
 
 #ifdef __cplusplus
@@ -94,6 +95,23 @@ engine_config_t engine_config_default(const char *model_dir);
 // as engine_create does: a command can check its options before loading.
 int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m);
 
+// A request's stops, as vLLM's SamplingParams has them. Copied by engine_core_add.
+//   stop_token_ids: sampling one ends the request with finish_reason "stop",
+//     the id kept in token_ids as an eos is, whatever ignore_eos says.
+//   stop strings (text/stop_str.h; they need the tokenizer): checked on the
+//     decoded text after every token; the token that completes one ends the
+//     request in the same step (no token is spent past it), finish_reason
+//     "stop", out->stop_str the string, out->text cut before it (after it
+//     with include_str). token_ids keep every id sampled, that last one too.
+typedef struct {
+    const int32_t *ids;         // [n] stop_token_ids
+    int n;
+    const char *const *strs;    // [num_strs] stop strings, at most STOP_STR_MAX, none empty
+    int num_strs;
+    int include_str;            // include_stop_str_in_output
+    int keep_special;           // 1: special tokens count in the text (skip_special_tokens false)
+} engine_stop_t;
+
 typedef struct {
     const int32_t *prompt;       // [num_prompt] token ids
     int num_prompt;
@@ -120,6 +138,9 @@ typedef struct {
                                  // holding what it had generated before (malloc'd)
     int num_unknown_tokens;      // of token_ids, ids the tokenizer has no token for (padding rows of
                                  // the vocabulary: they decode to no text); 0 without a tokenizer
+    char *text;                  // [text_len] with stop strings: the decoded text (the stop id's left
+    size_t text_len;             // out), cut at the stop string; else NULL (malloc'd, NUL-terminated)
+    char *stop_str;              // the stop string that ended it (finish_reason "stop"), else NULL (malloc'd)
 } engine_output_t;
 
 typedef struct engine {
@@ -161,7 +182,10 @@ typedef struct {
     engine_finished_fn on_finished;     // optional
     const volatile sig_atomic_t *stop;  // optional: read after every step; non-zero stops the run there
                                         // (a signal handler sets it: no work in the handler)
-    void *ctx;                          // passed to both hooks
+    void *ctx;                          // passed to the hooks
+    // Optional: each sampled token of request `request`, as the core's
+    // on_token (stop = 1: an eos / stop_token_ids id, whose text is left out).
+    void (*on_token)(void *ctx, int request, int32_t token, int stop);
 } engine_hooks_t;
 
 // engine_run's result when it stopped at hooks->stop before every request finished.
@@ -203,6 +227,10 @@ void engine_free(engine_t *e);
 // valid (e->num_finished of them), the others empty. hooks may be NULL.
 int engine_run(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
                const engine_hooks_t *hooks);
+// engine_run with each request's stops: stops[i] belongs to requests[i]
+// (NULL: none for any). engine_run is this with NULL.
+int engine_run_stops(engine_t *e, const engine_request_t *requests, const engine_stop_t *stops, int n,
+                     engine_output_t *outputs, const engine_hooks_t *hooks);
 // engine_run with only an on_logits hook (which may be NULL).
 int engine_generate(engine_t *e, const engine_request_t *requests, int n, engine_output_t *outputs,
                     engine_logits_fn on_logits, void *ctx);
@@ -256,14 +284,6 @@ typedef struct {
 int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_core_t **out);
 // Unfinished requests are dropped without a hook call.
 void engine_core_free(engine_core_t *c);
-// A request's stop_token_ids (vLLM's): sampling one ends it with
-// finish_reason "stop", the id kept in token_ids as an eos is, whatever
-// ignore_eos says. Copied by engine_core_add.
-typedef struct {
-    const int32_t *ids;  // [n]
-    int n;
-} engine_stop_t;
-
 // Check r (ids in the vocabulary, sampling parameters, the scheduler's own
 // checks) and queue it; it runs from the next step on. The prompt and stop
 // (NULL: none) are copied. -1 with mv_error() saying what is wrong (nothing

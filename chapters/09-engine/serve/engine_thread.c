@@ -189,7 +189,10 @@ static void admit(serve_engine_t *s, serve_job_t *j) {
     int bad = -1;
     for (int i = 0; i < j->num_subs && bad < 0; i++) {
         serve_sub_t *u = &j->subs[i];
-        const engine_stop_t stop = {j->api.stop_token_ids, j->api.num_stop_token_ids};
+        const engine_stop_t stop = {.ids = j->api.stop_token_ids, .n = j->api.num_stop_token_ids,
+                                    .strs = (const char *const *)j->api.stop, .num_strs = j->api.num_stop,
+                                    .include_str = j->api.include_stop_str_in_output,
+                                    .keep_special = !j->api.skip_special_tokens};
         if (engine_core_add(s->core, &u->req, &stop, u, &u->id)) bad = i;
         else u->added = 1;
     }

@@ -52,7 +52,9 @@ static const struct {
 // What one choice's stream has sent so far.
 typedef struct {
     int consumed;        // tokens turned into text
-    tok_stream_t dec;    // the streaming decoder (an unfinished UTF-8 character waits in it)
+    stop_text_t dec;     // the streaming decoder and the request's stop strings (with a tokenizer):
+                         // an unfinished UTF-8 character, or text that may be the start of a stop
+                         // string, waits in it until the next token settles it
     int finish_sent;
 } choice_stream_t;
 
@@ -67,7 +69,8 @@ typedef struct {
     char id[48];                 // "cmpl-..." / "chatcmpl-..."
     long long created;
     // streaming
-    choice_stream_t *choices;    // [job->num_subs]
+    choice_stream_t *choices;    // [num_choices] = job->num_subs
+    int num_choices;
     int role_sent, ended;
     tok_bytes_t out;             // bytes made, not yet handed to MHD
     size_t out_off;
@@ -198,11 +201,16 @@ static int stream_fill(request_t *q) {
         rc = tok_bytes_append(&q->text, "", 0);
         for (; !rc && c->consumed < u->num_tokens; c->consumed++) {
             const int is_stop = u->last_is_stop && c->consumed == u->num_tokens - 1;
-            if (!is_stop && ctx->tokenizer)
-                rc = tok_stream_push(ctx->tokenizer, &c->dec, u->tokens[c->consumed], &q->text);
+            if (!is_stop && ctx->tokenizer) rc = stop_text_push(&c->dec, u->tokens[c->consumed]) < 0;
         }
         const int finish = u->finished && !c->finish_sent;
-        if (!rc && finish && ctx->tokenizer) rc = tok_stream_flush(&c->dec, &q->text);
+        if (!rc && finish && ctx->tokenizer) rc = stop_text_finish(&c->dec);
+        if (!rc && ctx->tokenizer) {
+            // What is settled: never a piece of a stop string that is then cut.
+            size_t n;
+            const char *p = stop_text_take(&c->dec, &n);
+            rc = tok_bytes_append(&q->text, p, n);
+        }
         if (!rc && (q->text.len > 0 || finish)) {
             api_choice_t ch = choice_of(j, i);
             rc = api_chunk_text(r, ctx, q->id, q->created, i, q->text.data, q->text.len, finish ? &ch : NULL, &q->out);
@@ -275,7 +283,13 @@ static enum MHD_Result answer_whole(request_t *q) {
 static enum MHD_Result answer_stream(request_t *q) {
     q->choices = calloc((size_t)q->job->num_subs, sizeof *q->choices);
     if (!q->choices) return fail(q->conn, 500, NULL, NULL, "out of memory");
-    for (int i = 0; i < q->job->num_subs; i++) tok_stream_init(&q->choices[i].dec, q->job->api.skip_special_tokens);
+    q->num_choices = q->job->num_subs;
+    const api_request_t *api = &q->job->api;
+    for (int i = 0; i < q->job->num_subs; i++)
+        if (q->srv->cfg.api.tokenizer &&
+            stop_text_init(&q->choices[i].dec, q->srv->cfg.api.tokenizer, (const char *const *)api->stop,
+                           api->num_stop, api->include_stop_str_in_output, api->skip_special_tokens))
+            return fail(q->conn, 500, NULL, NULL, mv_last_error());
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, q, NULL);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
@@ -454,6 +468,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     tok_bytes_free(&q->body);
     tok_bytes_free(&q->out);
     tok_bytes_free(&q->text);
+    for (int i = 0; i < q->num_choices; i++) stop_text_free(&q->choices[i].dec);
     free(q->choices);
     free(q);
     *con_cls = NULL;

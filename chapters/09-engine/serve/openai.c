@@ -87,10 +87,10 @@ char *api_error_json(const api_error_t *err) {
 // and refused with "not supported yet" unless they ask for the default.
 static const char *const COMPLETION_FIELDS[] = {
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop_token_ids",
-    "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user", NULL};
+    "stop", "include_stop_str_in_output", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user", NULL};
 static const char *const CHAT_FIELDS[] = {
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "stop_token_ids", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user",
+    "ignore_eos", "stop_token_ids", "stop", "include_stop_str_in_output", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user",
     "chat_template_kwargs", "add_generation_prompt", NULL};
 
 // A field that needs sampler work the engine does not have yet, with the
@@ -100,11 +100,11 @@ static const struct {
     const char *name;
     off_kind_t off;
 } NOT_YET[] = {
-    {"n", OFF_ONE},           {"best_of", OFF_ONE},           {"stop", OFF_EMPTY},
+    {"n", OFF_ONE},           {"best_of", OFF_ONE},
     {"presence_penalty", OFF_ZERO}, {"frequency_penalty", OFF_ZERO}, {"repetition_penalty", OFF_ONE},
     {"min_p", OFF_ZERO},      {"min_tokens", OFF_ZERO},       {"logprobs", OFF_FALSE},
     {"top_logprobs", OFF_ZERO}, {"prompt_logprobs", OFF_NULL}, {"logit_bias", OFF_EMPTY},
-    {"echo", OFF_FALSE},      {"suffix", OFF_NULL},           {"include_stop_str_in_output", OFF_FALSE},
+    {"echo", OFF_FALSE},      {"suffix", OFF_NULL},
     {"tools", OFF_EMPTY},     {"tool_choice", OFF_NULL},      {"response_format", OFF_NULL},
     {"parallel_tool_calls", OFF_NULL}, {"continue_final_message", OFF_FALSE}, {"guided_json", OFF_NULL},
 };
@@ -204,6 +204,24 @@ static int parse_sampling(const cJSON *body, api_kind_t kind, const api_context_
         }
         r->num_stop_token_ids = n;
     }
+    if ((v = field(body, "stop"))) {
+        const int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+        if (n < 0 || n > STOP_STR_MAX)
+            return api_fail(err, 400, "stop", "invalid_value", "stop must be a string or a list of up to %d strings",
+                            STOP_STR_MAX);
+        if (n > 0 && !ctx->tokenizer)
+            return api_fail(err, 400, "stop", "invalid_value",
+                            "stop strings are matched on the text, and this model has no tokenizer.json "
+                            "(use stop_token_ids)");
+        const cJSON *e = cJSON_IsString(v) ? v : v->child;
+        for (int k = 0; k < n; k++, e = e->next) {
+            if (!cJSON_IsString(e) || !e->valuestring[0])
+                return api_fail(err, 400, "stop", "invalid_value", "stop[%d] must be a non-empty string", k);
+            if (!(r->stop[k] = strdup(e->valuestring))) return api_fail(err, 500, NULL, NULL, "out of memory");
+            r->num_stop = k + 1;
+        }
+    }
+    if (parse_bool(body, "include_stop_str_in_output", &r->include_stop_str_in_output, err)) return -1;
     if (parse_bool(body, "stream", &r->stream, err) || parse_bool(body, "return_token_ids", &r->return_token_ids, err) ||
         parse_bool(body, "skip_special_tokens", &r->skip_special_tokens, err))
         return -1;
@@ -375,6 +393,7 @@ void api_request_free(api_request_t *r) {
     for (int i = 0; i < r->num_prompts; i++) tok_ids_free(&r->prompts[i]);
     free(r->prompts);
     free(r->stop_token_ids);
+    for (int i = 0; i < r->num_stop; i++) free(r->stop[i]);
     *r = (api_request_t){0};
 }
 
@@ -392,6 +411,7 @@ const char *api_finish_reason(const engine_output_t *o) { return engine_output_f
 int api_output_text(const tokenizer_t *tok, const api_request_t *r, const engine_output_t *o, tok_bytes_t *out) {
     if (tok_bytes_append(out, "", 0)) return -1;
     if (!tok) return 0;
+    if (o->text) return tok_bytes_append(out, o->text, o->text_len);
     int n = o->num_tokens;
     if (n > 0 && o->finish_reason == FINISH_EOS && !o->error) n--;  // the stop id's text is left out
     return tokenizer_decode(tok, o->token_ids, (size_t)n, r->skip_special_tokens, out);
@@ -402,10 +422,12 @@ static int put_head(tok_bytes_t *b, const char *object, const char *id, long lon
            putf(b, ",\"created\":%lld,\"model\":", created) || put_cstr(b, ctx->served_model_name);
 }
 
-// "finish_reason": ..., "stop_reason": ... (vLLM's: the stop token id, else null)
+// "finish_reason": ..., "stop_reason": ... (vLLM's: the stop string or stop token id, else null)
 static int put_finish(tok_bytes_t *b, const engine_output_t *o) {
     int rc = put(b, ",\"finish_reason\":") || put_cstr(b, api_finish_reason(o)) || put(b, ",\"stop_reason\":");
-    return rc || (o->stop_token_id >= 0 ? putf(b, "%d", o->stop_token_id) : put(b, "null"));
+    if (rc) return -1;
+    if (o->stop_str) return put_cstr(b, o->stop_str);
+    return o->stop_token_id >= 0 ? putf(b, "%d", o->stop_token_id) : put(b, "null");
 }
 
 static int put_token_ids(tok_bytes_t *b, const api_request_t *r, const api_choice_t *c) {

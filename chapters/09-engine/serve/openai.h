@@ -9,11 +9,13 @@
  * how to answer (stream or not, usage in the stream, token ids or not).
  * The answers are built here too: one JSON body, or the server-sent-event
  * chunks of a stream, in OpenAI's shapes (and vLLM's extensions: stop_reason,
- * return_token_ids, top_k, ignore_eos, stop_token_ids, chat_template_kwargs).
+ * return_token_ids, top_k, ignore_eos, stop_token_ids, include_stop_str_in_output,
+ * chat_template_kwargs). "stop" strings end a choice as vLLM's do: its text
+ * cut before the string, finish_reason "stop", stop_reason the string.
  *
  * Strict, as the rest of the engine is: an unknown field, a wrong type or an
  * out-of-range value is a 400 naming the field (its "param"), and a field of
- * vLLM's that the engine does not do yet (n > 1, stop strings, penalties,
+ * vLLM's that the engine does not do yet (n > 1, penalties,
  * logprobs, min_p, min_tokens...) is a 400 "not supported yet: FIELD" rather
  * than silently ignored. A field given as JSON null is taken as not given,
  * as OpenAI's own server does, and so is a value that asks for the default
@@ -69,6 +71,9 @@ typedef struct {
     uint64_t seed;                 // with has_seed: every prompt's draws use it
     int32_t *stop_token_ids;       // [num_stop_token_ids], malloc'd
     int num_stop_token_ids;
+    char *stop[STOP_STR_MAX];      // [num_stop] "stop" strings, malloc'd (text/stop_str.h: they need the tokenizer)
+    int num_stop;
+    int include_stop_str_in_output;  // vLLM's: the text keeps the stop string that ended it
     int stream;                    // "stream": true: server-sent events
     int include_usage;             // stream_options.include_usage: a last chunk with usage
     int return_token_ids;          // vLLM's: choices carry "token_ids" (and "prompt_token_ids")
@@ -96,7 +101,8 @@ typedef struct {
 
 // The text of a finished output: its ids decoded (special tokens skipped as
 // r says), without the id that stopped it (an eos or a stop_token_ids entry),
-// as vLLM leaves it out. Appended to out.
+// as vLLM leaves it out; with stop strings, the engine's text, cut at the
+// one that matched. Appended to out.
 int api_output_text(const tokenizer_t *tok, const api_request_t *r, const engine_output_t *o, tok_bytes_t *out);
 // "stop", "length", "abort" or "error".
 const char *api_finish_reason(const engine_output_t *o);
