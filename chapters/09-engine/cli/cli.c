@@ -183,24 +183,6 @@ void cli_print_json_string(FILE *f, const char *s, size_t n) {
     fputs("\"\n", f);
 }
 
-int cli_json_string_append(tok_bytes_t *b, const char *s, size_t n) {
-    if (tok_bytes_append(b, "\"", 1)) return -1;
-    size_t run = 0;  // s[run..i) needs no escape
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        char esc[8];
-        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
-        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
-        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
-        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
-        else snprintf(esc, sizeof esc, "\\u%04x", c);
-        if (tok_bytes_append(b, s + run, i - run) || tok_bytes_append(b, esc, strlen(esc))) return -1;
-        run = i + 1;
-    }
-    return tok_bytes_append(b, s + run, n - run) || tok_bytes_append(b, "\"", 1) ? -1 : 0;
-}
-
 int cli_for_each_line(const char *path, cli_line_fn fn, void *ctx) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
     if (!f) return mv_error("cannot open %s: %s", path, strerror(errno));

@@ -81,9 +81,6 @@ int cli_model_dir(const char *cmd, const char **model);
 // Output helpers: a JSON list "[1, 2, 3]" and a JSON string, each on one line.
 void cli_print_ids(FILE *f, const int32_t *ids, size_t n);
 void cli_print_json_string(FILE *f, const char *s, size_t n);
-// Append s[0..n) as a JSON string, quotes included, to b: every byte kept
-// (a NUL becomes \u0000, as cJSON's printer, which stops at a NUL, cannot).
-int cli_json_string_append(tok_bytes_t *b, const char *s, size_t n);
 
 // Read FILE ("-" = stdin) one line at a time, the line ending cut off, and
 // call fn(line, len, line_no, ctx) for each (line_no from 1) until one

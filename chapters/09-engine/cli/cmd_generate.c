@@ -122,19 +122,9 @@ typedef struct {
 
 static int append_str(tok_bytes_t *b, const char *s) { return tok_bytes_append(b, s, strlen(s)); }
 
-static int append_fmt(tok_bytes_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int append_fmt(tok_bytes_t *b, const char *fmt, ...) {
-    char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return n < 0 ? -1 : tok_bytes_append(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
-}
-
 static int append_ids(tok_bytes_t *b, const int32_t *ids, int n, const char *sep) {
     int rc = append_str(b, "[");
-    for (int k = 0; !rc && k < n; k++) rc = append_fmt(b, k ? "%s%d" : "%.0s%d", sep, ids[k]);
+    for (int k = 0; !rc && k < n; k++) rc = tok_bytes_appendf(b, k ? "%s%d" : "%.0s%d", sep, ids[k]);
     return rc || append_str(b, "]") ? -1 : 0;
 }
 
@@ -151,7 +141,7 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
     if (rc) return -1;
     const char *reason = engine_output_finish_reason(o);
     if (!c->jsonl) {
-        rc = append_fmt(b, "== request %d (%s, %d tokens, finish_reason %s", i, c->rq.reqs[i].line_no ? "input" : "prompt",
+        rc = tok_bytes_appendf(b, "== request %d (%s, %d tokens, finish_reason %s", i, c->rq.reqs[i].line_no ? "input" : "prompt",
                         o->num_tokens, reason);
         if (!rc && o->error) rc = append_str(b, ": ") || append_str(b, o->error);
         if (!rc) rc = append_str(b, ")\n");
@@ -160,14 +150,14 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
         return rc || append_str(b, "\n") ? -1 : 0;
     }
     // By hand rather than with cJSON's printer, which would stop a text at a NUL (byte 0's token decodes to one).
-    rc = append_fmt(b, "{\"index\":%d,\"token_ids\":", i) || append_ids(b, o->token_ids, o->num_tokens, ",") ||
-         append_str(b, ",\"text\":") || cli_json_string_append(b, c->text.data, c->text.len) ||
-         append_fmt(b, ",\"finish_reason\":\"%s\"", reason);
-    if (!rc && o->error) rc = append_str(b, ",\"error\":") || cli_json_string_append(b, o->error, strlen(o->error));
+    rc = tok_bytes_appendf(b, "{\"index\":%d,\"token_ids\":", i) || append_ids(b, o->token_ids, o->num_tokens, ",") ||
+         append_str(b, ",\"text\":") || tok_bytes_append_json(b, c->text.data, c->text.len) ||
+         tok_bytes_appendf(b, ",\"finish_reason\":\"%s\"", reason);
+    if (!rc && o->error) rc = append_str(b, ",\"error\":") || tok_bytes_append_json(b, o->error, strlen(o->error));
     // vLLM's stop_reason: the stop string or stop token id that ended it, else null.
     if (!rc) rc = append_str(b, ",\"stop_reason\":");
-    if (!rc && o->stop_str) rc = cli_json_string_append(b, o->stop_str, strlen(o->stop_str));
-    else if (!rc && o->stop_token_id >= 0) rc = append_fmt(b, "%d", o->stop_token_id);
+    if (!rc && o->stop_str) rc = tok_bytes_append_json(b, o->stop_str, strlen(o->stop_str));
+    else if (!rc && o->stop_token_id >= 0) rc = tok_bytes_appendf(b, "%d", o->stop_token_id);
     else if (!rc) rc = append_str(b, "null");
     return rc || append_str(b, "}\n") ? -1 : 0;
 }

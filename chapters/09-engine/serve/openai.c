@@ -31,40 +31,11 @@ int api_fail(api_error_t *err, int status, const char *param, const char *code, 
 
 static int put(tok_bytes_t *b, const char *s) { return tok_bytes_append(b, s, strlen(s)); }
 
-static int putf(tok_bytes_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int putf(tok_bytes_t *b, const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    return n < 0 ? -1 : tok_bytes_append(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
-}
-
-// s[0..n) as a JSON string, quotes included; every byte kept.
-static int put_str(tok_bytes_t *b, const char *s, size_t n) {
-    if (put(b, "\"")) return -1;
-    size_t run = 0;  // s[run..i) needs no escape
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
-        char esc[8];
-        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
-        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
-        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
-        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
-        else snprintf(esc, sizeof esc, "\\u%04x", c);
-        if (tok_bytes_append(b, s + run, i - run) || put(b, esc)) return -1;
-        run = i + 1;
-    }
-    return tok_bytes_append(b, s + run, n - run) || put(b, "\"") ? -1 : 0;
-}
-
-static int put_cstr(tok_bytes_t *b, const char *s) { return s ? put_str(b, s, strlen(s)) : put(b, "null"); }
+static int put_cstr(tok_bytes_t *b, const char *s) { return s ? tok_bytes_append_json(b, s, strlen(s)) : put(b, "null"); }
 
 static int put_ids(tok_bytes_t *b, const int32_t *ids, int n) {
     int rc = put(b, "[");
-    for (int k = 0; !rc && k < n; k++) rc = putf(b, k ? ",%d" : "%d", ids[k]);
+    for (int k = 0; !rc && k < n; k++) rc = tok_bytes_appendf(b, k ? ",%d" : "%d", ids[k]);
     return rc || put(b, "]") ? -1 : 0;
 }
 
@@ -72,7 +43,7 @@ char *api_error_json(const api_error_t *err) {
     tok_bytes_t b = {0};
     int rc = put(&b, "{\"error\":{\"message\":") || put_cstr(&b, err->message) || put(&b, ",\"type\":") ||
              put_cstr(&b, err->type) || put(&b, ",\"param\":") || put_cstr(&b, err->param[0] ? err->param : NULL) ||
-             put(&b, ",\"code\":") || (err->code ? put_cstr(&b, err->code) : putf(&b, "%d", err->status)) ||
+             put(&b, ",\"code\":") || (err->code ? put_cstr(&b, err->code) : tok_bytes_appendf(&b, "%d", err->status)) ||
              put(&b, "}}");
     if (rc) {
         tok_bytes_free(&b);
@@ -419,7 +390,7 @@ int api_output_text(const tokenizer_t *tok, const api_request_t *r, const engine
 
 static int put_head(tok_bytes_t *b, const char *object, const char *id, long long created, const api_context_t *ctx) {
     return put(b, "{\"id\":") || put_cstr(b, id) || put(b, ",\"object\":") || put_cstr(b, object) ||
-           putf(b, ",\"created\":%lld,\"model\":", created) || put_cstr(b, ctx->served_model_name);
+           tok_bytes_appendf(b, ",\"created\":%lld,\"model\":", created) || put_cstr(b, ctx->served_model_name);
 }
 
 // "finish_reason": ..., "stop_reason": ... (vLLM's: the stop string or stop token id, else null)
@@ -427,7 +398,7 @@ static int put_finish(tok_bytes_t *b, const engine_output_t *o) {
     int rc = put(b, ",\"finish_reason\":") || put_cstr(b, api_finish_reason(o)) || put(b, ",\"stop_reason\":");
     if (rc) return -1;
     if (o->stop_str) return put_cstr(b, o->stop_str);
-    return o->stop_token_id >= 0 ? putf(b, "%d", o->stop_token_id) : put(b, "null");
+    return o->stop_token_id >= 0 ? tok_bytes_appendf(b, "%d", o->stop_token_id) : put(b, "null");
 }
 
 static int put_token_ids(tok_bytes_t *b, const api_request_t *r, const api_choice_t *c) {
@@ -443,7 +414,7 @@ static int put_usage(tok_bytes_t *b, const api_choice_t *choices, int n) {
         g += choices[i].out->num_tokens;
         cached += choices[i].out->num_cached_tokens;
     }
-    return putf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
+    return tok_bytes_appendf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%lld}}",
                 p, g, p + g, cached);
 }
@@ -455,12 +426,12 @@ int api_response_json(const api_request_t *r, const api_context_t *ctx, const ch
     int rc = put_head(b, chat ? "chat.completion" : "text_completion", id, created, ctx) || put(b, ",\"choices\":[");
     for (int i = 0; !rc && i < n; i++) {
         text.len = 0;
-        rc = api_output_text(ctx->tokenizer, r, choices[i].out, &text) || putf(b, i ? ",{\"index\":%d" : "{\"index\":%d", i);
+        rc = api_output_text(ctx->tokenizer, r, choices[i].out, &text) || tok_bytes_appendf(b, i ? ",{\"index\":%d" : "{\"index\":%d", i);
         if (!rc && chat)
-            rc = put(b, ",\"message\":{\"role\":\"assistant\",\"content\":") || put_str(b, text.data, text.len) ||
+            rc = put(b, ",\"message\":{\"role\":\"assistant\",\"content\":") || tok_bytes_append_json(b, text.data, text.len) ||
                  put(b, "}");
         else if (!rc)
-            rc = put(b, ",\"text\":") || put_str(b, text.data, text.len);
+            rc = put(b, ",\"text\":") || tok_bytes_append_json(b, text.data, text.len);
         rc = rc || put(b, ",\"logprobs\":null") || put_finish(b, choices[i].out) ||
              put_token_ids(b, r, &choices[i]) || put(b, "}");
     }
@@ -472,7 +443,7 @@ int api_response_json(const api_request_t *r, const api_context_t *ctx, const ch
 int api_chunk_role(const api_request_t *r, const api_context_t *ctx, const char *id, long long created, int index,
                    tok_bytes_t *b) {
     return put(b, "data: ") || put_head(b, "chat.completion.chunk", id, created, ctx) ||
-                   putf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                   tok_bytes_appendf(b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
                            "\"logprobs\":null,\"finish_reason\":null}]}\n\n",
                         index)
                ? -1
@@ -483,9 +454,9 @@ int api_chunk_text(const api_request_t *r, const api_context_t *ctx, const char 
                    const char *text, size_t len, const api_choice_t *finish, tok_bytes_t *b) {
     const int chat = r->kind == API_CHAT;
     int rc = put(b, "data: ") || put_head(b, chat ? "chat.completion.chunk" : "text_completion", id, created, ctx) ||
-             putf(b, ",\"choices\":[{\"index\":%d", index);
-    if (chat) rc = rc || put(b, ",\"delta\":") || (len || !finish ? put(b, "{\"content\":") || put_str(b, text, len) || put(b, "}") : put(b, "{}"));
-    else rc = rc || put(b, ",\"text\":") || put_str(b, text, len);
+             tok_bytes_appendf(b, ",\"choices\":[{\"index\":%d", index);
+    if (chat) rc = rc || put(b, ",\"delta\":") || (len || !finish ? put(b, "{\"content\":") || tok_bytes_append_json(b, text, len) || put(b, "}") : put(b, "{}"));
+    else rc = rc || put(b, ",\"text\":") || tok_bytes_append_json(b, text, len);
     rc = rc || put(b, ",\"logprobs\":null");
     if (finish) rc = rc || put_finish(b, finish->out) || put_token_ids(b, r, finish);
     else rc = rc || put(b, ",\"finish_reason\":null");

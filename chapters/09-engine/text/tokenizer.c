@@ -13,6 +13,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +44,37 @@ int tok_bytes_append(tok_bytes_t *b, const char *s, size_t n) {
     b->len += n;
     b->data[b->len] = '\0';
     return 0;
+}
+
+int tok_bytes_appendf(tok_bytes_t *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || grow((void **)&b->data, &b->cap, b->len + (size_t)n + 1, 1)) return -1;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+    return 0;
+}
+
+int tok_bytes_append_json(tok_bytes_t *b, const char *s, size_t n) {
+    if (tok_bytes_append(b, "\"", 1)) return -1;
+    size_t run = 0;  // s[run..i) needs no escape
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c == '\n') snprintf(esc, sizeof esc, "\\n");
+        else if (c == '\r') snprintf(esc, sizeof esc, "\\r");
+        else if (c == '\t') snprintf(esc, sizeof esc, "\\t");
+        else snprintf(esc, sizeof esc, "\\u%04x", c);
+        if (tok_bytes_append(b, s + run, i - run) || tok_bytes_append(b, esc, strlen(esc))) return -1;
+        run = i + 1;
+    }
+    return tok_bytes_append(b, s + run, n - run) || tok_bytes_append(b, "\"", 1) ? -1 : 0;
 }
 
 void tok_bytes_free(tok_bytes_t *b) {

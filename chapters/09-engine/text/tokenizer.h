@@ -48,6 +48,13 @@ typedef struct {
 } tok_ids_t;
 
 int tok_bytes_append(tok_bytes_t *b, const char *s, size_t n);
+// printf into b (no length limit).
+int tok_bytes_appendf(tok_bytes_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// s[0..n) as a JSON string, quotes included, every byte kept: a NUL becomes
+// \u0000 (cJSON's printer stops a string at a NUL, and a decoded text may
+// hold one: the token of byte 0). The engine's JSONL records and the
+// server's bodies are written with it.
+int tok_bytes_append_json(tok_bytes_t *b, const char *s, size_t n);
 void tok_bytes_free(tok_bytes_t *b);
 int tok_ids_push(tok_ids_t *v, int32_t id);
 void tok_ids_free(tok_ids_t *v);
