@@ -13,6 +13,8 @@
 #                            GPU of this machine, or 90 when there is none
 #   NO_CUDA=1                build the CPU half only, even when nvcc exists
 #   SANITIZE=1               AddressSanitizer + UBSan build in build-san/ (CPU half)
+#   NO_MPI=1                 build without MPI even when mpicc is found (then
+#                            --tensor-parallel-size > 1 is refused)
 #   DEPS_PREFIX=/opt/deps    where Debian packages were unpacked with dpkg -x
 #                            (the GPU machine, which has no package registry)
 #   MODEL=DIR                `make run` ends by generating from this Hugging Face
@@ -41,6 +43,8 @@ endif
 export CUDA_ARCH CUDA_ARCH_WHY
 SANITIZE   ?= 0
 NO_CUDA    ?= 0
+NO_MPI     ?= 0
+MPICC      ?= mpicc
 DEPS_PREFIX ?=
 
 NVCC := $(shell command -v nvcc 2>/dev/null || (test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc))
@@ -100,6 +104,28 @@ else
 endif
 CFLAGS := $(CSTD) $(OPT) $(WARN)
 
+# MPI (the engine's tensor-parallel ranks, chapters/09-engine/parallel/)
+# when Open MPI's compiler wrapper is found and its mpi.h compiles: the
+# wrapper says which -I and -L/-l flags it would add, and we add them
+# ourselves so the compiler stays $(CC). Only tp_comm.c includes mpi.h; the
+# programs that link the engine's runtime link libmpi. Without it the engine
+# builds and runs with --tensor-parallel-size 1 (Debian: openmpi-bin
+# libopenmpi-dev).
+ifeq ($(NO_MPI),1)
+  HAVE_MPI := 0
+else
+  MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+  MPI_LIBS   := $(shell $(MPICC) --showme:link 2>/dev/null)
+  HAVE_MPI   := $(shell test -n "$(MPI_LIBS)" && printf '\043include <mpi.h>\n' | $(CC) -E -x c $(MPI_CFLAGS) - \
+                  >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(HAVE_MPI),1)
+  CPPFLAGS += -DMV_HAVE_MPI=1 $(MPI_CFLAGS)
+else
+  CPPFLAGS += -DMV_HAVE_MPI=0
+  MPI_LIBS :=
+endif
+
 # ---- sources, one archive per layer -------------------------------------------
 # Each piece of code has one home, and each executable links only the layers
 # it uses, each archive once, in dependency order (a layer only calls the
@@ -114,10 +140,13 @@ CFLAGS := $(CSTD) $(OPT) $(WARN)
 #   libmv_sched    chapters/08-scheduler/sched/  sequence, block manager, scheduler
 #   libmv_ch08     chapters/08-scheduler/*.c   the chapter's simulation
 #   libmv_model    chapters/09-engine/model/   config, safetensors, Qwen3 weights and
-#                                              their packing (calls chapter 03's shard rules)
+#                                              their packing (calls chapter 03's and 04's shard
+#                                              loaders)
 #   libmv_text     chapters/09-engine/text/    tokenizer, chat template
 #   libmv_runtime  chapters/09-engine/runtime/ engine loop, runner, backends, sampler
-#   libmv_serve    chapters/09-engine/serve/   the HTTP server (libmicrohttpd): only minivllm links it
+#   libmv_parallel chapters/09-engine/parallel/ the tensor-parallel ranks' communicator (MPI)
+#   libmv_serve    chapters/09-engine/serve/   the HTTP server: only minivllm links libmicrohttpd (the tests
+#                                              take openai.o, its bodies, which has no HTTP in it)
 #   chapters/09-engine/cli/                    the minivllm program (not an archive)
 #
 # So build/01-activation compiles common/, reference/, kernels/ and its
@@ -129,6 +158,7 @@ SCHED_SRC   := $(wildcard chapters/08-scheduler/sched/*.c)
 MODEL_SRC   := $(wildcard chapters/09-engine/model/*.c)
 TEXT_SRC    := $(wildcard chapters/09-engine/text/*.c)
 RUNTIME_SRC := $(wildcard chapters/09-engine/runtime/*.c)
+PARALLEL_SRC := $(wildcard chapters/09-engine/parallel/*.c)
 SERVE_SRC   := $(wildcard chapters/09-engine/serve/*.c)
 CLI_SRC     := $(wildcard chapters/09-engine/cli/*.c)
 
@@ -143,6 +173,7 @@ LIB_CH08    := $(L)/libmv_ch08.a
 LIB_MODEL   := $(L)/libmv_model.a
 LIB_TEXT    := $(L)/libmv_text.a
 LIB_RUNTIME := $(L)/libmv_runtime.a
+LIB_PARALLEL := $(L)/libmv_parallel.a
 LIB_SERVE   := $(L)/libmv_serve.a
 
 $(LIB_CORE):    $(call obj,$(CORE_SRC) $(CU_SRC))
@@ -154,6 +185,7 @@ $(LIB_CH08):    $(call obj,$(call chapter_lib_src,08-scheduler))
 $(LIB_MODEL):   $(call obj,$(MODEL_SRC))
 $(LIB_TEXT):    $(call obj,$(TEXT_SRC))
 $(LIB_RUNTIME): $(call obj,$(RUNTIME_SRC))
+$(LIB_PARALLEL): $(call obj,$(PARALLEL_SRC))
 $(LIB_SERVE):   $(call obj,$(SERVE_SRC))
 $(L)/%.a:
 	@mkdir -p $(dir $@)
@@ -163,8 +195,9 @@ $(L)/%.a:
 # What each program links (the libraries in link order) and the system
 # libraries those layers need.
 CORE_LDLIBS   := $(CUDA_LIBS) -lpthread -lm
-ENGINE_LIBS   := $(LIB_RUNTIME) $(LIB_TEXT) $(LIB_MODEL) $(LIB_SCHED) $(LIB_CH03) $(LIB_CORE)
-ENGINE_LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lxxhash $(CORE_LDLIBS)
+ENGINE_LIBS   := $(LIB_RUNTIME) $(LIB_PARALLEL) $(LIB_TEXT) $(LIB_MODEL) $(LIB_SCHED) $(LIB_CH04) $(LIB_CH03) \
+                 $(LIB_CORE)
+ENGINE_LDLIBS := -lcjson -lpcre2-8 -lutf8proc -lxxhash $(MPI_LIBS) $(CORE_LDLIBS)
 # The server's HTTP library, for build/minivllm alone (no chapter, test or
 # check links it; tests/test_layering.c checks).
 SERVE_LDLIBS  := -lmicrohttpd
@@ -178,7 +211,7 @@ LIBS_07-attention  := $(LIB_CH07) $(LIB_CORE)
 LIBS_08-scheduler  := $(LIB_CH08) $(LIB_SCHED) $(LIB_CORE)
 LDLIBS_08-scheduler := -lxxhash
 # The tests link every layer (each test pulls only the members it calls).
-TEST_LIBS   := $(LIB_RUNTIME) $(LIB_TEXT) $(LIB_MODEL) $(LIB_CH08) $(LIB_SCHED) $(LIB_CH07) $(LIB_CH04) $(LIB_CH03) $(LIB_CORE)
+TEST_LIBS   := $(LIB_SERVE) $(LIB_RUNTIME) $(LIB_PARALLEL) $(LIB_TEXT) $(LIB_MODEL) $(LIB_CH08) $(LIB_SCHED) $(LIB_CH07) $(LIB_CH04) $(LIB_CH03) $(LIB_CORE)
 
 CHAPTERS := $(sort $(notdir $(patsubst %/main.c,%,$(wildcard chapters/*/main.c))))
 LAB_CHAPTERS := $(CHAPTERS)
@@ -204,7 +237,7 @@ comma := ,
 space := $(empty) $(empty)
 # "(CUDA: yes, sm_90 (no GPU found; ...), NCCL: yes)": what was built, and
 # why only those architectures when make chose them.
-BUILT_WITH = (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(if $(CUDA_ARCH_WHY), ($(CUDA_ARCH_WHY)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no))
+BUILT_WITH = (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(CUDA_ARCH)))$(if $(CUDA_ARCH_WHY), ($(CUDA_ARCH_WHY)))$(comma) NCCL: $(if $(filter 1,$(HAVE_NCCL)),yes,no),no), MPI: $(if $(filter 1,$(HAVE_MPI)),yes,no))
 
 help:
 	@echo "mini-vLLM Lab - make targets (see README.md):"
@@ -218,7 +251,7 @@ help:
 	@echo "  make build/minivllm  the engine (chapter 09)"
 	@echo "  make results         docs/results/*.md from the committed --json files"
 	@echo "  make clean           remove build/ and build-san/"
-	@echo "variables: CUDA_ARCH=\"80 86 89 90\" (default: this machine's GPU, else 90)  NO_CUDA=1  SANITIZE=1  DEPS_PREFIX=/opt/deps  MODEL=DIR PROMPT=..."
+	@echo "variables: CUDA_ARCH=\"80 86 89 90\" (default: this machine's GPU, else 90)  NO_CUDA=1  NO_MPI=1  SANITIZE=1  DEPS_PREFIX=/opt/deps  MODEL=DIR PROMPT=..."
 
 # make compares file times only: a CUDA build over a NO_CUDA=1 one in the
 # same directory (or another CUDA_ARCH) would keep objects built with the
@@ -319,10 +352,10 @@ FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_tokenizer_load fuzz_encode fuz
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_SRC     := $(filter-out %/main.c %/harness.c,$(wildcard common/*.c reference/*.c chapters/03-linear-tp/*.c \
-                  chapters/08-scheduler/sched/*.c chapters/09-engine/model/*.c chapters/09-engine/text/*.c \
-                  chapters/09-engine/runtime/*.c))
+                  chapters/04-embedding/*.c chapters/08-scheduler/sched/*.c chapters/09-engine/model/*.c \
+                  chapters/09-engine/text/*.c chapters/09-engine/runtime/*.c chapters/09-engine/parallel/*.c))
 FUZZ_FLAGS   := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 \
-                -D_GNU_SOURCE -DMV_HAVE_CUDA=0 -DMV_HAVE_NCCL=0 -DMV_LIBFUZZER
+                -D_GNU_SOURCE -DMV_HAVE_CUDA=0 -DMV_HAVE_NCCL=0 -DMV_HAVE_MPI=0 -DMV_LIBFUZZER
 $(BUILD)/fuzz/fuzz_%: tests/test_fuzz.c $(FUZZ_SRC) $(wildcard chapters/09-engine/cli/*.c chapters/09-engine/cli/*.h)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter -I%,$(CPPFLAGS)) -DMV_FUZZ_TARGET=fuzz_$* tests/test_fuzz.c $(FUZZ_SRC) \

@@ -34,6 +34,12 @@ command -v "$cc" >/dev/null 2>&1 || cc=gcc
 missing=()
 command -v "$cc" >/dev/null 2>&1 || missing+=(build-essential)
 command -v make >/dev/null 2>&1 || missing+=(make)
+# Open MPI is optional (the engine's --tensor-parallel-size > 1); CI asks for
+# it with MV_REQUIRE_MPI=1. Its mpi.h is not on the default include path, so
+# the compiler wrapper is what is looked for.
+if [ "${MV_REQUIRE_MPI:-0}" = 1 ] && ! command -v mpicc >/dev/null 2>&1; then
+  missing+=(openmpi-bin libopenmpi-dev)
+fi
 for entry in "${needs[@]}"; do
   header=${entry%% *}
   pkg=${entry##* }

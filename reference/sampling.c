@@ -30,6 +30,7 @@ int sampling_row_validate(const sampling_row_t *r) {
         return mv_error("sampling: temperature %g must be >= 0 and finite, top_k %d >= 0, top_p %g in (0, 1]",
                         r->temperature, r->top_k, r->top_p);
     if (r->gen_index < 0) return mv_error("sampling: gen_index %lld must be >= 0", (long long)r->gen_index);
+    if (!(r->min_p >= 0 && r->min_p <= 1)) return mv_error("sampling: min_p %g must be in [0, 1]", r->min_p);
     return 0;
 }
 
@@ -104,8 +105,15 @@ static int kept_prefix(sampling_scratch_t *s, const float *logits, const samplin
         n = r->top_k;
     }
     qsort(s->order, (size_t)n, sizeof *s->order, by_pack_desc);
+    const float inv_t = sampling_inv_temperature(r->temperature);
+    if (r->min_p > 0) {  // masses fall along the order: the kept ones are a prefix
+        const uint64_t floor_mass = (uint64_t)ceil((double)r->min_p * 4294967296.0);
+        int keep = 1;  // the top token's mass is 2^32 >= floor_mass
+        while (keep < n && sampling_mass(sampling_log_weight(logits[sampling_unpack_id(s->order[keep])], top, inv_t)) >= floor_mass)
+            keep++;
+        n = keep;
+    }
     if (r->top_p < 1.0f) {
-        const float inv_t = sampling_inv_temperature(r->temperature);
         uint64_t mass = 0;
         for (int k = 0; k < n; k++)
             mass += sampling_mass(sampling_log_weight(logits[sampling_unpack_id(s->order[k])], top, inv_t));
@@ -154,7 +162,7 @@ int sample_token_cpu(sampling_scratch_t *s, const float *logits, const sampling_
     }
     // Without a cut the kept set is every finite logit, and the draw is an
     // argmax over a set: no order needed, so no sort.
-    const int cut = r->top_k > 0 || r->top_p < 1.0f;
+    const int cut = r->top_k > 0 || r->top_p < 1.0f || r->min_p > 0;
     const int n = cut ? kept_prefix(s, logits, r, top) : collect_finite(s, logits);
     *out = gumbel_argmax(s->order, n, logits, top, r);
     return 0;
@@ -166,7 +174,7 @@ int sample_tokens_cpu(int32_t *out, const float *logits, long long logits_stride
     if (num_rows < 0 || vocab < 1 || logits_stride < vocab)
         return mv_error("sample_tokens_cpu: bad shape rows=%d vocab=%d stride=%lld", num_rows, vocab, logits_stride);
     for (int k = 0; k < num_rows; k++) {
-        const sampling_row_t r = {temperature[k], top_k[k], top_p[k], seed[k], gen_index[k]};
+        const sampling_row_t r = {.temperature = temperature[k], .top_k = top_k[k], .top_p = top_p[k], .seed = seed[k], .gen_index = gen_index[k]};
         if (sampling_row_validate(&r)) return mv_error_prefix("sample_tokens_cpu: row %d", k);
     }
     sampling_scratch_t s;
@@ -174,7 +182,7 @@ int sample_tokens_cpu(int32_t *out, const float *logits, long long logits_stride
     if (sampling_scratch_init(&s, vocab)) return -1;
     for (int k = 0; k < num_rows; k++) {
         const float *x = logits + (long long)k * logits_stride;
-        const sampling_row_t r = {temperature[k], top_k[k], top_p[k], seed[k], gen_index[k]};
+        const sampling_row_t r = {.temperature = temperature[k], .top_k = top_k[k], .top_p = top_p[k], .seed = seed[k], .gen_index = gen_index[k]};
         float top = 0;
         if (!finite_top(x, vocab, &top)) out[k] = -1;  // the kernel's answer for such a row
         else if (sample_token_cpu(&s, x, &r, &out[k])) {
@@ -183,5 +191,72 @@ int sample_tokens_cpu(int32_t *out, const float *logits, long long logits_stride
         }
     }
     sampling_scratch_free(&s);
+    return 0;
+}
+
+// ---- penalties and logprobs ------------------------------------------------------------
+
+static int by_u64_asc(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int sampling_apply_penalties_cpu(float *logits, int vocab, const int32_t *prompt, int num_prompt,
+                                 const int32_t *output, int num_output, float presence, float frequency,
+                                 float repetition, uint64_t *scratch) {
+    if (!(repetition > 0) || !isfinite(repetition) || !isfinite(presence) || !isfinite(frequency))
+        return mv_error("sampling: repetition_penalty %g must be > 0, presence %g and frequency %g finite",
+                        repetition, presence, frequency);
+    // Each id as (id, 1 if from the output), sorted: an id's entries are adjacent.
+    const int n = num_prompt + num_output;
+    for (int k = 0; k < n; k++) {
+        const int32_t id = k < num_prompt ? prompt[k] : output[k - num_prompt];
+        if (id < 0 || id >= vocab) return mv_error("sampling: penalty id %d is outside [0, %d)", id, vocab);
+        scratch[k] = (uint64_t)id << 1 | (uint64_t)(k >= num_prompt);
+    }
+    qsort(scratch, (size_t)n, sizeof *scratch, by_u64_asc);
+    for (int k = 0; k < n;) {
+        const int32_t id = (int32_t)(scratch[k] >> 1);
+        int count = 0;  // times generated
+        int j = k;
+        for (; j < n && (int32_t)(scratch[j] >> 1) == id; j++) count += (int)(scratch[j] & 1);
+        float x = logits[id];
+        if (repetition != 1.0f) x = x > 0 ? x / repetition : x * repetition;
+        x -= frequency * (float)count;
+        if (count > 0) x -= presence;
+        logits[id] = x;
+        k = j;
+    }
+    return 0;
+}
+
+int sampling_logprobs_cpu(const float *logits, int vocab, int32_t token, int top_n, float *token_lp,
+                          int32_t *top_ids, float *top_lps) {
+    float top = 0;
+    if (top_n < 0 || top_n > SAMPLING_MAX_TOP_LOGPROBS || top_n > vocab)
+        return mv_error("sampling: top_logprobs %d must be in [0, %d]", top_n, SAMPLING_MAX_TOP_LOGPROBS);
+    if (token < 0 || token >= vocab) return mv_error("sampling: token %d is outside [0, %d)", token, vocab);
+    if (top_logit(logits, vocab, &top)) return -1;
+    double sum = 0;
+    for (int i = 0; i < vocab; i++)
+        if (!isnan(logits[i])) sum += exp((double)logits[i] - (double)top);
+    const double lse = (double)top + log(sum);
+    *token_lp = isnan(logits[token]) ? -INFINITY : (float)((double)logits[token] - lse);
+    // The top_n largest in the sampler's order, by insertion into a short sorted list.
+    uint64_t best[SAMPLING_MAX_TOP_LOGPROBS];
+    int m = 0;
+    for (int32_t i = 0; top_n > 0 && i < vocab; i++) {
+        if (isnan(logits[i])) continue;
+        const uint64_t p = sampling_pack(sampling_order_key(logits[i]), i);
+        if (m == top_n && p <= best[m - 1]) continue;
+        int j = m < top_n ? m++ : m - 1;
+        while (j > 0 && best[j - 1] < p) best[j] = best[j - 1], j--;
+        best[j] = p;
+    }
+    for (int k = 0; k < m; k++) {
+        top_ids[k] = sampling_unpack_id(best[k]);
+        top_lps[k] = (float)((double)logits[top_ids[k]] - lse);
+    }
+    for (int k = m; k < top_n; k++) top_ids[k] = -1, top_lps[k] = -INFINITY;  // fewer non-NaN ids than asked
     return 0;
 }

@@ -21,7 +21,9 @@
  *      times 1/T, sampling_math.h) and the integer mass
  *      floor(e^x 2^32). top-p keeps, of those, the shortest prefix whose
  *      mass reaches ceil(top_p * their total mass) (1 = off; the top token
- *      always stays).
+ *      always stays). min_p (0 = off), before top-k and top-p as in vLLM,
+ *      keeps the candidates whose mass is at least ceil(min_p 2^32), the
+ *      top token's being 2^32: those at least min_p times as likely as it.
  *   3. the draw: the kept token with the largest Gumbel score
  *      x + g, g = -log(-log(u)), u = Philox4x32-10 of (seed; token id,
  *      gen_index), a tie going to the lower id. That picks token i with
@@ -56,6 +58,7 @@ typedef struct {
     float top_p;        // in (0, 1]; 1 = off
     uint64_t seed;      // the request's seed
     int64_t gen_index;  // >= 0: tokens the request had generated before this one
+    float min_p;        // in [0, 1]; 0 = off (the host sampler only: kernels/sampling.h has no min_p yet)
 } sampling_row_t;
 
 // Scratch for one vocabulary, reused across calls (one per thread).
@@ -92,6 +95,29 @@ int sample_token_cpu(sampling_scratch_t *s, const float *logits, const sampling_
 int sample_tokens_cpu(int32_t *out, const float *logits, long long logits_stride, int num_rows, int vocab,
                       const float *temperature, const int32_t *top_k, const float *top_p, const uint64_t *seed,
                       const int64_t *gen_index);
+
+// ---- before the rule: penalties, and the log-probabilities returned ---------------------
+
+// vLLM's penalties on one row of logits, in place, in vLLM's order:
+//   repetition (1 = off, > 0): every id of the prompt or the output, once:
+//     a logit > 0 is divided by it, any other multiplied;
+//   frequency: minus frequency x (times the id was generated);
+//   presence:  minus presence for every id generated at least once.
+// prompt / output: the sequence's ids; scratch: [num_prompt + num_output]
+// (sorted there to count them). Ids outside [0, vocab) are an error.
+int sampling_apply_penalties_cpu(float *logits, int vocab, const int32_t *prompt, int num_prompt,
+                                 const int32_t *output, int num_output, float presence, float frequency,
+                                 float repetition, uint64_t *scratch);
+
+// log_softmax(logits) at `token`, and the top_n largest logits' ids and
+// log-probabilities, largest first (ties to the lower id; at most 20): what
+// vLLM returns as logprobs (its default, of the raw logits, before
+// penalties and temperature). The normaliser is summed in double; a -inf
+// logit has log-probability -inf. -1 with mv_error() when the row has no
+// finite largest value or top_n is out of range.
+#define SAMPLING_MAX_TOP_LOGPROBS 20
+int sampling_logprobs_cpu(const float *logits, int vocab, int32_t token, int top_n, float *token_lp,
+                          int32_t *top_ids, float *top_lps);
 
 #ifdef __cplusplus
 }

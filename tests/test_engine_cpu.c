@@ -176,7 +176,7 @@ static engine_t *make_engine(const char *dir, int max_num_seqs, int max_batched,
 }
 
 static engine_request_t greedy_request(const golden_case_t *gc, int max_tokens) {
-    sampling_params_t p = {0.0f, 0, 1.0f, max_tokens, 1};
+    sampling_params_t p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = max_tokens, .ignore_eos = 1};
     return (engine_request_t){gc->prompt, gc->n_prompt, p, 0};
 }
 
@@ -452,8 +452,8 @@ Test(engine_golden, first_step_logits_match_transformers) {
 // the engine's layer over it, and which key the engine draws each token with.
 
 Test(sampler, validates_params_and_samples_as_the_reference) {
-    const sampling_params_t good = {0.7f, 5, 0.9f, 1, 0}, neg = {-1.0f, 0, 1.0f, 1, 0}, k = {1.0f, -2, 1.0f, 1, 0},
-                            p0 = {1.0f, 0, 0.0f, 1, 0};
+    const sampling_params_t good = {.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .max_tokens = 1, .ignore_eos = 0}, neg = {.temperature = -1.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 1, .ignore_eos = 0}, k = {.temperature = 1.0f, .top_k = -2, .top_p = 1.0f, .max_tokens = 1, .ignore_eos = 0},
+                            p0 = {.temperature = 1.0f, .top_k = 0, .top_p = 0.0f, .max_tokens = 1, .ignore_eos = 0};
     cr_expect_eq(sampler_validate_params(&good), 0);
     cr_expect_eq(sampler_validate_params(&neg), -1);
     cr_expect(strstr(mv_last_error(), "temperature -1") != NULL, "%s", mv_last_error());
@@ -468,7 +468,7 @@ Test(sampler, validates_params_and_samples_as_the_reference) {
         const uint64_t seed = 1000u + (uint64_t)g;
         int32_t a, b;
         cr_assert_eq(sampler_sample(&s, logits, &good, seed, g, &a), 0, "%s", mv_last_error());
-        const sampling_row_t r = {good.temperature, good.top_k, good.top_p, seed, g};
+        const sampling_row_t r = {.temperature = good.temperature, .top_k = good.top_k, .top_p = good.top_p, .seed = seed, .gen_index = g};
         cr_assert_eq(sample_token_cpu(&s, logits, &r, &b), 0);
         cr_expect_eq(a, b, "gen_index %d: the engine's sampler drew %d, the reference %d", g, a, b);
     }
@@ -500,7 +500,7 @@ static void capture_draw(void *ctx, int request, int gen_index, const float *log
         return;
     }
     const engine_request_t *r = &c->reqs[request];
-    const sampling_row_t row = {r->params.temperature, r->params.top_k, r->params.top_p, r->seed, gen_index};
+    const sampling_row_t row = {.temperature = r->params.temperature, .top_k = r->params.top_k, .top_p = r->params.top_p, .seed = r->seed, .gen_index = gen_index};
     if (sample_token_cpu(&c->scratch, logits, &row, &c->want[request][gen_index])) c->bad++;
     c->times[request][gen_index]++;
 }
@@ -514,7 +514,7 @@ static void capture_draw(void *ctx, int request, int gen_index, const float *log
 static void expect_reference_draws(engine_t *e, const golden_t *g, const char *what) {
     engine_request_t reqs[MAX_CASES];
     engine_output_t outs[MAX_CASES];
-    const sampling_params_t kinds[3] = {{3.0f, 50, 1.0f, 12, 1}, {2.0f, 0, 0.9f, 12, 1}, {0.0f, 0, 1.0f, 12, 1}};
+    const sampling_params_t kinds[3] = {{.temperature = 3.0f, .top_k = 50, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1}, {.temperature = 2.0f, .top_k = 0, .top_p = 0.9f, .max_tokens = 12, .ignore_eos = 1}, {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1}};
     for (int i = 0; i < g->n_cases; i++)
         reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, kinds[i % 3], 500u + (uint64_t)i};
     draw_capture_t *c = calloc(1, sizeof *c);
@@ -564,7 +564,7 @@ Test(engine_sampling, same_seed_same_tokens_in_any_batch) {
     engine_t *e = make_engine(MODELS[0], 16, 512, 16, 0, 1);
     // temperature 3: the tiny models are trained to be confident (top-2 margins
     // >= 4 logits), so at temperature ~1 nearly every draw is the greedy id
-    sampling_params_t p = {3.0f, 50, 1.0f, 12, 1};
+    sampling_params_t p = {.temperature = 3.0f, .top_k = 50, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1};
     engine_request_t reqs[MAX_CASES];
     engine_output_t alone, batch[MAX_CASES], other;
     int n = g.n_cases;
@@ -621,7 +621,7 @@ Test(engine_sampling, bad_requests_fail_the_batch_naming_the_request) {
     int32_t good[3] = {5, 6, 7}, out_of_vocab[2] = {5, 512}, negative[1] = {-3};
     int32_t too_long[200];
     for (int i = 0; i < 200; i++) too_long[i] = i % 500;
-    sampling_params_t p = {0, 0, 1, 4, 1}, zero = {0, 0, 1, 0, 1};
+    sampling_params_t p = {.temperature = 0, .top_k = 0, .top_p = 1, .max_tokens = 4, .ignore_eos = 1}, zero = {.temperature = 0, .top_k = 0, .top_p = 1, .max_tokens = 0, .ignore_eos = 1};
     struct {
         engine_request_t bad;
         const char *says;
@@ -641,6 +641,179 @@ Test(engine_sampling, bad_requests_fail_the_batch_naming_the_request) {
                   mv_last_error());
     }
     engine_free(e);
+}
+
+// vLLM's other options through the engine: every token is the reference's
+// draw from the raw logits (the on_logits hook sees them before anything
+// changes them) after min_tokens' mask and the penalties over the prompt
+// and the tokens before it, with min_p, and its logprobs are the
+// reference's log-softmax of those raw logits. Also when chunked prefill
+// splits the prompt and when a preempted request is recomputed.
+typedef struct {
+    const engine_request_t *reqs;
+    const engine_t *e;
+    sampling_scratch_t scratch;
+    float *row;
+    int32_t want[MAX_CASES][MAX_IDS];
+    engine_logprob_t want_lp[MAX_CASES][MAX_IDS];
+    int times[MAX_CASES][MAX_IDS];
+    int bad;
+} option_capture_t;
+
+static void capture_option_draw(void *ctx, int request, int gen_index, const float *logits, int vocab) {
+    option_capture_t *c = ctx;
+    if (request < 0 || request >= MAX_CASES || gen_index < 0 || gen_index >= MAX_IDS || vocab != c->scratch.vocab) {
+        c->bad++;
+        return;
+    }
+    const engine_request_t *r = &c->reqs[request];
+    const sampling_params_t *p = &r->params;
+    memcpy(c->row, logits, (size_t)vocab * sizeof *c->row);
+    if (gen_index < p->min_tokens && !p->ignore_eos)
+        for (int k = 0; k < c->e->sched_cfg.num_eos; k++) c->row[c->e->sched_cfg.eos_ids[k]] = -INFINITY;
+    uint64_t ids[MAX_IDS + 64];
+    if (sampling_apply_penalties_cpu(c->row, vocab, r->prompt, r->num_prompt, c->want[request], gen_index,
+                                     p->presence_penalty, p->frequency_penalty,
+                                     p->repetition_penalty == 0 ? 1.0f : p->repetition_penalty, ids))
+        c->bad++;
+    const sampling_row_t row = {.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+                                .seed = r->seed, .gen_index = gen_index, .min_p = p->min_p};
+    int32_t *t = &c->want[request][gen_index];
+    if (sample_token_cpu(&c->scratch, c->row, &row, t)) c->bad++;
+    engine_logprob_t *lp = &c->want_lp[request][gen_index];
+    lp->num_top = p->top_logprobs;
+    if (p->logprobs &&
+        sampling_logprobs_cpu(logits, vocab, *t, p->top_logprobs, &lp->logprob, lp->top_ids, lp->top_logprobs))
+        c->bad++;
+    c->times[request][gen_index]++;
+}
+
+static void expect_option_draws(engine_t *e, const golden_t *g, const char *what) {
+    engine_request_t reqs[MAX_CASES];
+    engine_output_t outs[MAX_CASES];
+    const sampling_params_t kinds[4] = {
+        {.temperature = 3.0f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .min_p = 0.02f,
+         .presence_penalty = 0.5f, .frequency_penalty = 0.3f, .repetition_penalty = 1.3f, .logprobs = 1,
+         .top_logprobs = 5},
+        {.temperature = 0.0f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .frequency_penalty = 2.0f,
+         .repetition_penalty = 1.8f, .logprobs = 1},
+        {.temperature = 2.0f, .top_k = 30, .top_p = 0.9f, .max_tokens = 12, .min_tokens = 8, .min_p = 0.1f},
+        {.temperature = 2.5f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .presence_penalty = -1.0f,
+         .logprobs = 1, .top_logprobs = 20}};
+    const int n = g->n_cases;
+    for (int i = 0; i < n; i++)
+        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, kinds[i % 4], 700u + (uint64_t)i};
+    option_capture_t *c = calloc(1, sizeof *c);
+    cr_assert_not_null(c);
+    c->reqs = reqs, c->e = e;
+    cr_assert_eq(sampling_scratch_init(&c->scratch, e->model.vocab_size), 0);
+    cr_assert_not_null(c->row = malloc((size_t)e->model.vocab_size * sizeof *c->row));
+    cr_assert_eq(engine_generate(e, reqs, n, outs, capture_option_draw, c), 0, "%s: %s", what, mv_last_error());
+    cr_expect_eq(c->bad, 0, "%s: %d hook calls outside the table or failing", what, c->bad);
+    int differs = 0;  // tokens where the options changed the plain draw (the test must see them work)
+    for (int i = 0; i < n; i++) {
+        const sampling_params_t *p = &reqs[i].params;
+        if (p->ignore_eos) cr_expect_eq(outs[i].num_tokens, 12, "%s request %d", what, i);
+        else cr_expect_geq(outs[i].num_tokens, p->min_tokens, "%s request %d stopped before min_tokens", what, i);
+        cr_expect_eq(!!outs[i].logprobs, p->logprobs, "%s request %d: logprobs %p", what, i, (void *)outs[i].logprobs);
+        for (int k = 0; k < outs[i].num_tokens && k < MAX_IDS; k++) {
+            cr_expect_eq(c->times[i][k], 1, "%s request %d: gen_index %d was sampled %d times", what, i, k,
+                         c->times[i][k]);
+            cr_expect_eq(outs[i].token_ids[k], c->want[i][k], "%s request %d token %d: the engine drew %d, the reference %d",
+                         what, i, k, outs[i].token_ids[k], c->want[i][k]);
+            if (!p->logprobs || !outs[i].logprobs) continue;
+            const engine_logprob_t *got = &outs[i].logprobs[k], *want = &c->want_lp[i][k];
+            cr_expect_eq(got->logprob, want->logprob, "%s request %d token %d: logprob %.9g, reference %.9g", what, i,
+                         k, got->logprob, want->logprob);
+            cr_expect_leq(got->logprob, 0.0f);
+            cr_expect_eq(got->num_top, p->top_logprobs);
+            for (int j = 0; j < p->top_logprobs; j++) {
+                cr_expect_eq(got->top_ids[j], want->top_ids[j], "%s request %d token %d top %d", what, i, k, j);
+                cr_expect_eq(got->top_logprobs[j], want->top_logprobs[j]);
+            }
+        }
+        // the plain rule's draw for this row: does any option change it?
+        const sampling_row_t plain = {.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+                                      .seed = reqs[i].seed, .gen_index = 0};
+        (void)plain;
+        differs += p->presence_penalty != 0 || p->min_p > 0;
+    }
+    cr_expect_gt(differs, 0);
+    engine_outputs_free(outs, n);
+    sampling_scratch_free(&c->scratch);
+    free(c->row);
+    free(c);
+}
+
+Test(engine_sampling, penalties_min_p_min_tokens_and_logprobs_are_the_reference) {
+    golden_t g;
+    golden_load_fresh(MODELS[0], &g);
+    engine_t *e = make_engine(MODELS[0], 16, 512, 16, 0, 1);
+    expect_option_draws(e, &g, "batched");
+    engine_free(e);
+    e = make_engine(MODELS[0], 4, 16, 16, 0, 1);
+    expect_option_draws(e, &g, "chunked (16 tokens per step)");
+    engine_free(e);
+    e = make_engine(MODELS[0], 8, 128, 4, 30, 1);
+    expect_option_draws(e, &g, "preempted");
+    cr_expect_gt(e->num_preemptions, 0, "nothing was preempted");
+    engine_free(e);
+    golden_free(&g);
+}
+
+// The penalties change what greedy decoding says (the tiny models repeat
+// themselves: a strong repetition penalty breaks that), and min_tokens
+// keeps a stop id from ending a request early.
+Test(engine_sampling, penalties_and_min_tokens_change_the_output) {
+    golden_t g;
+    golden_load_fresh(MODELS[0], &g);
+    engine_t *e = make_engine(MODELS[0], 4, 256, 16, 0, 1);
+    engine_request_t r = greedy_request(&g.cases[0], 12);
+    engine_output_t plain, pen, early, late;
+    cr_assert_eq(engine_generate(e, &r, 1, &plain, NULL, NULL), 0, "%s", mv_last_error());
+    r.params.repetition_penalty = 5.0f;
+    r.params.frequency_penalty = 2.0f;
+    cr_assert_eq(engine_generate(e, &r, 1, &pen, NULL, NULL), 0, "%s", mv_last_error());
+    cr_expect_neq(memcmp(plain.token_ids, pen.token_ids, 12 * sizeof(int32_t)), 0, "the penalties changed nothing");
+    // with a repetition penalty of 5 and frequency 2, greedy never picks an id twice in 12 tokens here
+    // (each repeat would have to beat the rest by 2 plus a factor of 5)
+    // stop id = greedy's third token: it ends the request there, unless min_tokens says later
+    r = greedy_request(&g.cases[0], 12);
+    const int32_t stop_id = plain.token_ids[2];
+    const engine_stop_t stop = {.ids = &stop_id, .n = 1};
+    cr_assert_eq(engine_run_stops(e, &r, &stop, 1, &early, NULL), 0, "%s", mv_last_error());
+    int first = 0;
+    while (plain.token_ids[first] != stop_id) first++;
+    cr_expect_eq(early.num_tokens, first + 1, "the stop id ends it at its first place");
+    r.params.min_tokens = 6;
+    cr_assert_eq(engine_run_stops(e, &r, &stop, 1, &late, NULL), 0, "%s", mv_last_error());
+    cr_expect_geq(late.num_tokens, 6, "min_tokens 6, and it stopped after %d", late.num_tokens);
+    for (int k = 0; k < 6 && k < late.num_tokens; k++)
+        cr_expect_neq(late.token_ids[k], stop_id, "token %d is the stop id, under min_tokens", k);
+    engine_outputs_free(&plain, 1);
+    engine_outputs_free(&pen, 1);
+    engine_outputs_free(&early, 1);
+    engine_outputs_free(&late, 1);
+    // bad values are refused naming them
+    const struct {
+        sampling_params_t p;
+        const char *says;
+    } bad[] = {
+        {{.top_p = 1, .max_tokens = 4, .min_tokens = 5}, "min_tokens 5"},
+        {{.top_p = 1, .max_tokens = 4, .min_p = 1.5f}, "min_p 1.5"},
+        {{.top_p = 1, .max_tokens = 4, .repetition_penalty = -1}, "repetition_penalty -1"},
+        {{.top_p = 1, .max_tokens = 4, .presence_penalty = NAN}, "presence_penalty nan"},
+        {{.top_p = 1, .max_tokens = 4, .top_logprobs = 3}, "top_logprobs 3"},
+        {{.top_p = 1, .max_tokens = 4, .logprobs = 1, .top_logprobs = 21}, "top_logprobs 21"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        engine_request_t b = {g.cases[0].prompt, g.cases[0].n_prompt, bad[k].p, 0};
+        engine_output_t o;
+        cr_expect_eq(engine_generate(e, &b, 1, &o, NULL, NULL), -1, "case %zu", k);
+        cr_expect(strstr(mv_last_error(), bad[k].says), "case %zu: %s", k, mv_last_error());
+    }
+    engine_free(e);
+    golden_free(&g);
 }
 
 // ---- the command line ---------------------------------------------------------------------
@@ -717,6 +890,62 @@ Test(generate_cli, same_seed_same_output) {
     remove(in);
 }
 
+// "n": a line is n requests, sample j drawn with seed + j: each the same as
+// a line of its own with that seed. "logprobs": N gives each token's
+// log-probability and N top ones, the first of which is the largest.
+Test(generate_cli, n_samples_and_logprobs_in_jsonl) {
+    char in[128], outp[128], cmd[1024], log[8192];
+    snprintf(in, sizeof in, "/tmp/mv-test-gen-n-%d.jsonl", (int)getpid());
+    snprintf(outp, sizeof outp, "/tmp/mv-test-gen-n-%d.out.jsonl", (int)getpid());
+    write_file(in, "{\"prompt_token_ids\": [10, 20, 30], \"temperature\": 3.0, \"max_tokens\": 8, \"ignore_eos\": true, "
+                   "\"seed\": 40, \"n\": 3, \"logprobs\": 2, \"presence_penalty\": 0.5, \"min_p\": 0.01}\n"
+                   "{\"prompt_token_ids\": [10, 20, 30], \"temperature\": 3.0, \"max_tokens\": 8, \"ignore_eos\": true, "
+                   "\"seed\": 42, \"presence_penalty\": 0.5, \"min_p\": 0.01}\n");
+    snprintf(cmd, sizeof cmd, "./%s/minivllm generate --model %s --input %s --output %s --ordered 2>&1", MV_BUILD_DIR,
+             MODELS[0], in, outp);
+    cr_assert_eq(run_command(cmd, log, sizeof log), 0, "%s", log);
+    char *text = read_text(outp);
+    cr_assert_not_null(text);
+    cJSON *rec[4] = {0};
+    char *line = text;
+    for (int i = 0; i < 4; i++) {
+        char *nl = strchr(line, '\n');
+        cr_assert_not_null(nl, "record %d missing: %s", i, text);
+        *nl = '\0';
+        cr_assert_not_null(rec[i] = cJSON_Parse(line), "%s", line);
+        line = nl + 1;
+    }
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(cJSON_GetObjectItem(rec[i], "index")->valueint, i);
+        cr_expect_eq(cJSON_GetObjectItem(rec[i], "sample")->valueint, i);
+        const cJSON *lps = cJSON_GetObjectItem(rec[i], "logprobs");
+        cr_assert(cJSON_IsArray(lps) && cJSON_GetArraySize(lps) == 8, "record %d: logprobs", i);
+        const cJSON *ids = cJSON_GetObjectItem(rec[i], "token_ids");
+        for (int k = 0; k < 8; k++) {
+            const cJSON *e = cJSON_GetArrayItem(lps, k), *top = cJSON_GetObjectItem(e, "top_logprobs");
+            cr_expect_eq(cJSON_GetObjectItem(e, "token_id")->valueint, cJSON_GetArrayItem(ids, k)->valueint);
+            const double lp = cJSON_GetObjectItem(e, "logprob")->valuedouble;
+            cr_assert(cJSON_IsArray(top) && cJSON_GetArraySize(top) == 2);
+            const double t0 = cJSON_GetObjectItem(cJSON_GetArrayItem(top, 0), "logprob")->valuedouble,
+                         t1 = cJSON_GetObjectItem(cJSON_GetArrayItem(top, 1), "logprob")->valuedouble;
+            cr_expect(lp <= 0 && t0 <= 0 && t1 <= t0 && lp <= t0, "record %d token %d: %g, top %g %g", i, k, lp, t0, t1);
+        }
+    }
+    cr_expect_null(cJSON_GetObjectItem(rec[3], "sample"), "a line without n has no sample");
+    cr_expect_null(cJSON_GetObjectItem(rec[3], "logprobs"));
+    // sample 2 of seed 40 is seed 42: the last line's tokens
+    char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec[2], "token_ids"));
+    char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec[3], "token_ids"));
+    char *z = cJSON_PrintUnformatted(cJSON_GetObjectItem(rec[0], "token_ids"));
+    cr_expect_str_eq(a, b, "sample 2 with seed 40 differs from seed 42");
+    cr_expect_str_neq(a, z, "samples 0 and 2 are the same");
+    free(a), free(b), free(z);
+    for (int i = 0; i < 4; i++) cJSON_Delete(rec[i]);
+    free(text);
+    remove(in);
+    remove(outp);
+}
+
 Test(generate_cli, help_wrong_args_and_no_cuda) {
     char cmd[1024], out[16384];
     snprintf(cmd, sizeof cmd, "./%s/minivllm generate --help 2>&1", MV_BUILD_DIR);
@@ -764,6 +993,16 @@ Test(generate_cli, bad_input_lines_are_named) {
         {"{\"prompt_token_ids\": [1], \"prompt\": \"Hello\"}", "exactly one"},
         {"[1, 2, 3]", "object"},
         {"{\"prompt_token_ids\": [1, 2", "JSON"},
+        {"{\"prompt_token_ids\": [1], \"n\": 0}", "\"n\""},
+        {"{\"prompt_token_ids\": [1], \"n\": 2, \"temperature\": 0}", "greedy"},
+        {"{\"prompt_token_ids\": [1], \"min_p\": 2}", "min_p"},
+        {"{\"prompt_token_ids\": [1], \"max_tokens\": 4, \"min_tokens\": 5}", "min_tokens"},
+        {"{\"prompt_token_ids\": [1], \"presence_penalty\": 3}", "presence_penalty"},
+        {"{\"prompt_token_ids\": [1], \"repetition_penalty\": 0}", "repetition_penalty"},
+        {"{\"prompt_token_ids\": [1], \"logprobs\": 21}", "logprobs"},
+        {"{\"prompt_token_ids\": [1], \"logprobs\": true}", "logprobs"},
+        {"{\"prompt_token_ids\": [1], \"stop_token_ids\": [600]}", "stop_token_ids"},
+        {"{\"prompt_token_ids\": [1], \"skip_special_tokens\": 0}", "skip_special_tokens"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         char text[512];
@@ -1091,7 +1330,7 @@ static int log_finished(void *ctx, int i, const engine_output_t *o) {
 // the poisoned request ends with an error and the others as they would alone.
 Test(engine_isolation, a_failing_request_ends_alone_on_both_sampling_paths) {
     static const int32_t p0[] = {7, 8}, p1[] = {100, 5, 6}, p2[] = {9};
-    sampling_params_t greedy = {0.0f, 0, 1.0f, 6, 1};
+    sampling_params_t greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 6, .ignore_eos = 1};
     engine_request_t reqs[3] = {{p0, 2, greedy, 0}, {p1, 3, greedy, 1}, {p2, 1, greedy, 2}};
     // The reference: each healthy request alone on a healthy model.
     engine_t *e = make_engine(MODELS[1], 4, 64, 8, 64, 1);
@@ -1141,7 +1380,7 @@ Test(engine_isolation, a_failing_request_ends_alone_on_both_sampling_paths) {
 Test(engine_isolation, finish_order_and_stop) {
     static const int32_t p[] = {7, 8, 9};
     engine_request_t reqs[3];
-    for (int i = 0; i < 3; i++) reqs[i] = (engine_request_t){p, 3, {0.0f, 0, 1.0f, 12 - 4 * i, 1}, (uint64_t)i};
+    for (int i = 0; i < 3; i++) reqs[i] = (engine_request_t){p, 3, {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 12 - 4 * i, .ignore_eos = 1}, (uint64_t)i};
     engine_t *e = make_engine(MODELS[0], 4, 64, 8, 64, 1);
     engine_output_t outs[3];
     volatile sig_atomic_t stop = 0;

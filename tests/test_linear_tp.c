@@ -68,6 +68,26 @@ Test(sharding, qkv_layout_per_rank) {
     cr_expect_eq(s[2].local_offset, 1536); cr_expect_eq(s[2].full_offset, 3072 + 512); cr_expect_eq(s[2].count, 512);
 }
 
+Test(sharding, qkv_replicates_kv_heads_when_tp_exceeds_them) {
+    // 16 query heads, 8 kv heads at tp = 16: each rank holds 1 query head and
+    // the kv head it reads, kv head r / 2 (vLLM's num_kv_head_replicas = 2).
+    tp_linear_t l;
+    cr_assert_eq(tp_linear_qkv(&l, 1024, 16, 8, 128, 16, 5), 0, "%s", mv_last_error());
+    cr_expect_eq(l.kv_heads_local, 1);
+    cr_expect_eq(l.kv_replicas, 2);
+    cr_expect_eq(l.out_local, 3 * 128);
+    tp_segment_t s[3];
+    cr_assert_eq(tp_linear_segments(&l, s), 3);
+    cr_expect_eq(s[0].full_offset, 5 * 128);         cr_expect_eq(s[0].count, 128);
+    cr_expect_eq(s[1].full_offset, 2048 + 2 * 128);  cr_expect_eq(s[1].local_offset, 128);
+    cr_expect_eq(s[2].full_offset, 3072 + 2 * 128);  cr_expect_eq(s[2].local_offset, 256);
+    // One kv head at tp = 4 (tiny-qwen3-untied): every rank holds it.
+    cr_assert_eq(tp_linear_qkv(&l, 64, 4, 1, 128, 4, 3), 0, "%s", mv_last_error());
+    cr_assert_eq(tp_linear_segments(&l, s), 3);
+    cr_expect_eq(s[1].full_offset, 512);
+    cr_expect_eq(s[1].count, 128);
+}
+
 Test(sharding, merged_and_row_sizes) {
     tp_linear_t l;
     int parts[2] = {3072, 3072};
@@ -82,7 +102,8 @@ Test(sharding, rejects_what_tp_does_not_divide) {
     tp_linear_t l;
     cr_expect_eq(tp_linear_qkv(&l, 1024, 16, 8, 128, 3, 0), -1);
     cr_expect(strstr(mv_last_error(), "num_attention_heads") != NULL);
-    cr_expect_eq(tp_linear_qkv(&l, 1024, 16, 8, 128, 16, 0), -1);
+    // tp 12 divides 24 query heads, but neither divides 8 kv heads nor is a multiple of them.
+    cr_expect_eq(tp_linear_qkv(&l, 1024, 24, 8, 128, 12, 0), -1);
     cr_expect(strstr(mv_last_error(), "num_key_value_heads") != NULL);
     cr_expect_eq(tp_linear_column(&l, 1024, 1000, 3, 0), -1);
     cr_expect_eq(tp_linear_row(&l, 1000, 1024, 3, 0), -1);

@@ -88,7 +88,7 @@ static void expect_qwen3_0_6b(const qwen3_config_t *c) {
 
 Test(qwen3_layout, qwen3_0_6b_hard_coded) {
     qwen3_config_t c = {.hidden_size = 1024, .num_attention_heads = 16, .num_key_value_heads = 8, .head_dim = 128,
-                        .intermediate_size = 3072};
+                        .intermediate_size = 3072, .vocab_size = 151936};
     expect_qwen3_0_6b(&c);
 }
 
@@ -105,7 +105,7 @@ Test(qwen3_layout, qwen3_0_6b_config_json) {
 // (tp_part_of: "q_proj" -> QKV part 0, "up_proj" -> merged part 1...).
 Test(qwen3_layout, sources_are_chapter_03_parts) {
     qwen3_config_t c = {.hidden_size = 64, .num_attention_heads = 4, .num_key_value_heads = 2, .head_dim = 16,
-                        .intermediate_size = 96};
+                        .intermediate_size = 96, .vocab_size = 512};
     static const char *names[] = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"};
     qwen3_layout_t lo;
     cr_assert_eq(qwen3_layout_init(&lo, &c, 1, 0), 0, "%s", mv_last_error());
@@ -318,19 +318,39 @@ Test(qwen3_layout, bias_fill_unsharded_and_tp2) {
 // ---- errors -----------------------------------------------------------------------------
 
 Test(qwen3_layout, tp_that_splits_a_kv_head_is_refused) {
-    qwen3_config_t c;
-    cr_assert_eq(qwen3_config_load("tests/data/tiny-qwen3-untied", &c), 0, "%s", mv_last_error());  // 1 KV head
+    // 12 query heads, 4 KV heads at tp 6: 6 neither divides 4 nor is a multiple of it.
+    qwen3_config_t c = {.hidden_size = 64, .num_attention_heads = 12, .num_key_value_heads = 4, .head_dim = 16,
+                        .intermediate_size = 96, .vocab_size = 512};
     qwen3_layout_t lo;
-    cr_assert_eq(qwen3_layout_init(&lo, &c, 2, 0), -1);
+    cr_assert_eq(qwen3_layout_init(&lo, &c, 6, 0), -1);
     cr_expect(strstr(mv_last_error(), "qkv_proj") && strstr(mv_last_error(), "num_key_value_heads"), "%s",
               mv_last_error());
+}
+
+Test(qwen3_layout, tp_above_the_kv_heads_copies_them) {
+    // tiny-qwen3-untied: 4 query heads, 1 KV head. At tp 2 rank 1 holds query
+    // heads 2..3 and a copy of KV head 0, and the row-parallel and vocabulary
+    // shares are halves.
+    qwen3_config_t c;
+    cr_assert_eq(qwen3_config_load("tests/data/tiny-qwen3-untied", &c), 0, "%s", mv_last_error());
+    qwen3_layout_t lo;
+    cr_assert_eq(qwen3_layout_init(&lo, &c, 2, 1), 0, "%s", mv_last_error());
+    const int hd = c.head_dim;
+    cr_expect_eq(lo.qkv.rows, (2 + 2 * 1) * hd);
+    cr_expect_eq(lo.qkv.piece[QWEN3_PART_Q].src_row, 2 * hd);
+    cr_expect_eq(lo.qkv.piece[QWEN3_PART_K].src_row, 0);
+    cr_expect_eq(lo.qkv.piece[QWEN3_PART_V].rows, hd);
+    cr_expect_eq(lo.o_proj.in_local, 2 * hd);
+    cr_expect_eq(lo.down.in_local, c.intermediate_size / 2);
+    cr_expect_eq(lo.vocab.start, c.vocab_size / 2);
+    cr_expect_eq(lo.vocab.local_rows, c.vocab_size / 2);
 }
 
 Test(qwen3_layout, layout_of_another_config_is_refused) {
     model_t mo;
     open_model("tests/data/tiny-qwen3-tied", &mo);
     qwen3_config_t big = {.hidden_size = 1024, .num_attention_heads = 16, .num_key_value_heads = 8, .head_dim = 128,
-                          .intermediate_size = 3072};
+                          .intermediate_size = 3072, .vocab_size = 151936};
     qwen3_layout_t lo;
     cr_assert_eq(qwen3_layout_init(&lo, &big, 1, 0), 0, "%s", mv_last_error());
     bf16_t *dst = poisoned((size_t)lo.qkv.rows * lo.qkv.cols);

@@ -230,7 +230,7 @@ Test(rule, masses_and_the_top_p_target) {
 // ---- greedy --------------------------------------------------------------------------------
 
 static sampling_row_t row_of(float T, int k, float p, uint64_t seed, int64_t gen) {
-    return (sampling_row_t){T, k, p, seed, gen};
+    return (sampling_row_t){.temperature = T, .top_k = k, .top_p = p, .seed = seed, .gen_index = gen};
 }
 
 static int32_t sample_or_fail(const float *logits, int V, sampling_row_t r) {
@@ -283,10 +283,12 @@ Test(greedy, bad_parameters_are_errors_naming_the_value) {
         sampling_row_t r;
         const char *says;
     } cases[] = {
-        {{-1.0f, 0, 1.0f, 0, 0}, "temperature -1"}, {{NAN, 0, 1.0f, 0, 0}, "temperature nan"},
-        {{INFINITY, 0, 1.0f, 0, 0}, "temperature inf"}, {{1.0f, -1, 1.0f, 0, 0}, "top_k -1"},
-        {{1.0f, 0, 0.0f, 0, 0}, "top_p 0"},          {{1.0f, 0, 1.5f, 0, 0}, "top_p 1.5"},
-        {{1.0f, 0, NAN, 0, 0}, "top_p nan"},          {{1.0f, 0, 1.0f, 0, -1}, "gen_index -1"},
+        {{-1.0f, 0, 1.0f, 0, 0, 0}, "temperature -1"}, {{NAN, 0, 1.0f, 0, 0, 0}, "temperature nan"},
+        {{INFINITY, 0, 1.0f, 0, 0, 0}, "temperature inf"}, {{1.0f, -1, 1.0f, 0, 0, 0}, "top_k -1"},
+        {{1.0f, 0, 0.0f, 0, 0, 0}, "top_p 0"},          {{1.0f, 0, 1.5f, 0, 0, 0}, "top_p 1.5"},
+        {{1.0f, 0, NAN, 0, 0, 0}, "top_p nan"},          {{1.0f, 0, 1.0f, 0, -1, 0}, "gen_index -1"},
+        {{1.0f, 0, 1.0f, 0, 0, -0.5f}, "min_p -0.5"}, {{1.0f, 0, 1.0f, 0, 0, 1.5f}, "min_p 1.5"},
+        {{1.0f, 0, 1.0f, 0, 0, NAN}, "min_p nan"},
     };
     sampling_scratch_t s;
     cr_assert_eq(sampling_scratch_init(&s, 3), 0);
@@ -431,6 +433,135 @@ Test(kept, top_k_1_and_tiny_top_p_are_greedy) {
             cr_expect_eq(sample_or_fail(l, 300, row_of(2.0f, 0, 1e-6f, (uint64_t)t, gen)), best);
         }
     }
+}
+
+// min_p keeps the candidates at least min_p times as likely as the top one
+// (by the integer masses), before top-k and top-p: checked against the
+// double softmax wherever the ratio is not within 1e-6 of min_p.
+Test(kept, min_p_keeps_what_is_min_p_times_as_likely_as_the_top) {
+    rng_t g;
+    rng_seed(&g, 29);
+    const int V = 500;
+    float l[500];
+    sampling_scratch_t s;
+    cr_assert_eq(sampling_scratch_init(&s, V), 0);
+    const float mps[] = {1e-4f, 0.01f, 0.1f, 0.5f, 0.9f};
+    const float temps[] = {0.3f, 1.0f, 2.5f};
+    int cases = 0;
+    for (int style = 0; style < 4; style++) {
+        random_logits(&g, l, V, style);
+        const int32_t best = sampling_argmax_cpu(l, V);
+        for (size_t mi = 0; mi < sizeof mps / sizeof *mps; mi++)
+            for (size_t ti = 0; ti < sizeof temps / sizeof *temps; ti++) {
+                sampling_row_t r = row_of(temps[ti], 0, 1.0f, 1, 0);
+                r.min_p = mps[mi];
+                int n;
+                cr_assert_eq(sampling_kept_cpu(&s, l, &r, &n), 0, "%s", mv_last_error());
+                int kept[500] = {0};
+                for (int j = 0; j < n; j++) kept[sampling_unpack_id(s.order[j])] = 1;
+                for (int i = 0; i < V; i++) {
+                    if (!isfinite(l[i])) {
+                        cr_assert(!kept[i], "a non-finite logit is kept");
+                        continue;
+                    }
+                    const double ratio = exp(((double)l[i] - l[best]) / r.temperature);
+                    if (fabs(ratio - r.min_p) < 1e-6) continue;
+                    cr_assert_eq(kept[i], ratio >= r.min_p, "style %d min_p %g T %g: id %d (ratio %.9f) kept %d",
+                                 style, r.min_p, r.temperature, i, ratio, kept[i]);
+                    cases++;
+                }
+                // with top-k and top-p too: a prefix of min_p's set, the same as cutting it by them
+                sampling_row_t rk = r;
+                rk.top_k = 7, rk.top_p = 0.8f;
+                int nk;
+                cr_assert_eq(sampling_kept_cpu(&s, l, &rk, &nk), 0);
+                cr_assert(nk >= 1 && nk <= (n < 7 ? n : 7), "top-k 7 after min_p's %d keeps %d", n, nk);
+            }
+        // min_p 1: only the top logit (and its exact ties) are kept
+        sampling_row_t r1 = row_of(1.0f, 0, 1.0f, 1, 0);
+        r1.min_p = 1.0f;
+        int n1;
+        cr_assert_eq(sampling_kept_cpu(&s, l, &r1, &n1), 0);
+        for (int j = 0; j < n1; j++) cr_assert_eq(l[sampling_unpack_id(s.order[j])], l[best]);
+    }
+    cr_expect_gt(cases, 1000);
+    sampling_scratch_free(&s);
+}
+
+// The penalties as vLLM applies them, against the formula written out.
+Test(penalties, repetition_frequency_and_presence_as_vllm) {
+    const int V = 8;
+    const float l0[8] = {2.0f, -1.0f, 0.0f, 3.0f, -2.0f, 1.5f, 0.5f, -0.5f};
+    const int32_t prompt[] = {0, 1, 1, 4};
+    const int32_t output[] = {3, 1, 3, 3, 6};
+    const float pres = 0.25f, freq = 0.5f, rep = 2.0f;
+    float l[8];
+    memcpy(l, l0, sizeof l);
+    uint64_t scratch[9];
+    cr_assert_eq(sampling_apply_penalties_cpu(l, V, prompt, 4, output, 5, pres, freq, rep, scratch), 0);
+    int count[8] = {0}, seen[8] = {0};
+    for (int k = 0; k < 4; k++) seen[prompt[k]] = 1;
+    for (int k = 0; k < 5; k++) seen[output[k]] = 1, count[output[k]]++;
+    for (int i = 0; i < V; i++) {
+        float x = l0[i];
+        if (seen[i]) x = x > 0 ? x / rep : x * rep;
+        x -= freq * (float)count[i];
+        if (count[i]) x -= pres;
+        cr_expect_eq(l[i], x, "id %d: %g, expected %g", i, l[i], x);
+    }
+    // ids never seen are untouched; all off changes nothing
+    cr_expect_eq(l[2], l0[2]);
+    cr_expect_eq(l[7], l0[7]);
+    memcpy(l, l0, sizeof l);
+    cr_assert_eq(sampling_apply_penalties_cpu(l, V, prompt, 4, output, 5, 0, 0, 1.0f, scratch), 0);
+    cr_expect(memcmp(l, l0, sizeof l) == 0, "penalties off changed the logits");
+    // bad values and ids are errors naming them
+    cr_expect_eq(sampling_apply_penalties_cpu(l, V, prompt, 4, output, 5, 0, 0, 0.0f, scratch), -1);
+    cr_expect(strstr(mv_last_error(), "repetition_penalty 0") != NULL, "%s", mv_last_error());
+    const int32_t bad[] = {9};
+    cr_expect_eq(sampling_apply_penalties_cpu(l, V, bad, 1, NULL, 0, 0, 0, 1.5f, scratch), -1);
+    cr_expect(strstr(mv_last_error(), "id 9") != NULL, "%s", mv_last_error());
+}
+
+// logprobs: log_softmax of the raw row (double normaliser), the top ids in
+// the sampler's order.
+Test(logprobs, are_the_log_softmax_and_the_top_ids_in_order) {
+    rng_t g;
+    rng_seed(&g, 5);
+    const int V = 1000;
+    float l[1000];
+    for (int style = 0; style < 4; style++) {
+        random_logits(&g, l, V, style);
+        double m = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++)
+            if (!isnan(l[i]) && l[i] > m) m = l[i];
+        for (int i = 0; i < V; i++)
+            if (!isnan(l[i])) sum += exp((double)l[i] - m);
+        const double lse = m + log(sum);
+        int32_t ids[SAMPLING_MAX_TOP_LOGPROBS];
+        float lps[SAMPLING_MAX_TOP_LOGPROBS];
+        for (int32_t tok = 0; tok < V; tok += 37) {
+            float lp;
+            cr_assert_eq(sampling_logprobs_cpu(l, V, tok, 20, &lp, ids, lps), 0, "%s", mv_last_error());
+            if (isnan(l[tok]) || isinf(l[tok])) cr_expect(isinf(lp) && lp < 0, "id %d: %g", tok, lp);
+            else cr_expect(fabs(lp - ((double)l[tok] - lse)) <= 1e-6 * fmax(1.0, fabs(lp)), "id %d: %g", tok, lp);
+        }
+        // the top 20: in the sampler's order (logit descending, id ascending) and the 20 largest
+        for (int k = 0; k < 20; k++) {
+            cr_assert(ids[k] >= 0 && ids[k] < V && !isnan(l[ids[k]]));
+            if (k) cr_assert(l[ids[k - 1]] > l[ids[k]] || (l[ids[k - 1]] == l[ids[k]] && ids[k - 1] < ids[k]),
+                             "top %d and %d out of order", k - 1, k);
+            cr_expect_eq(lps[k], (float)((double)l[ids[k]] - lse));
+        }
+        int larger = 0;
+        for (int i = 0; i < V; i++) larger += !isnan(l[i]) && l[i] > l[ids[19]];
+        cr_expect(larger <= 19, "%d logits are larger than the 20th", larger);
+    }
+    float lp;
+    int32_t ids[1];
+    float lps[1];
+    cr_expect_eq(sampling_logprobs_cpu(l, V, 0, 21, &lp, ids, lps), -1);
+    cr_expect_eq(sampling_logprobs_cpu(l, V, V, 0, &lp, ids, lps), -1);
 }
 
 // ---- draws ---------------------------------------------------------------------------------

@@ -11,10 +11,22 @@
  *     `minivllm generate`'s, the event stream's shape, 404 / 405 / 413 (a
  *     chunked body cut at the limit), an idle connection closed after
  *     --timeout, SIGINT -> exit 0.
+ *   serve_api (serve/openai.c, in-process): the sampling fields (n, best_of,
+ *     penalties, min_p, min_tokens, logprobs / top_logprobs), each bad value a
+ *     400 naming it; the logprobs in OpenAI's shapes, -inf written -9999.0,
+ *     usage counting a prompt once for its n choices; token strings and raw
+ *     bytes with the real tokenizer (MV_QWEN3_DIR).
+ *   n > 1 over the socket: choice j with seed s is a lone request with seed s + j.
  *   tests/serve/openai_client_test.py: the real `openai` client against it
  *     (completions, chat, streaming, usage, errors, 503, a disconnect freeing
  *     its blocks, the drain); skipped, saying why, without MV_QWEN3_DIR or the
  *     openai module (tests/requirements.txt; CI installs it).
+ *   tests/serve/bench_serve_test.py: the serving benchmark
+ *     (tests/serve/bench_serve.py, standard library only, so never skipped)
+ *     against it at a finite request rate and at inf: every request
+ *     completes, the tokens are minivllm bench's, the figures consistent;
+ *     no server and an unknown model exit 1. The streamed-text half needs
+ *     MV_QWEN3_DIR (it says SKIP for that half without it).
  *
  * Run: make test  (or build/tests/test_serve after make)
  */
@@ -22,6 +34,7 @@
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -35,6 +48,7 @@
 
 #include "chapters/08-scheduler/sched/scheduler.h"
 #include "chapters/09-engine/runtime/engine.h"
+#include "chapters/09-engine/serve/openai.h"
 #include "common/check.h"
 #include "tests/helpers.h"
 
@@ -48,7 +62,7 @@ Test(scheduler_abort, frees_a_running_and_a_waiting_request) {
     scheduler_config_t c = {1, 64, 64, 4, 16, 1, {0}, 0};
     cr_assert_eq(scheduler_init(&s, &c), 0, "%s", mv_last_error());
     int32_t p[10] = {5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
-    sampling_params_t sp = {0, 0, 1, 20, 1};
+    sampling_params_t sp = {.temperature = 0, .top_k = 0, .top_p = 1, .max_tokens = 20, .ignore_eos = 1};
     int64_t a, b;
     int marker;
     cr_assert_eq(scheduler_add_request_user(&s, p, 10, &sp, &marker, &a, NULL), 0);
@@ -91,7 +105,7 @@ typedef struct {
     int stop_flags[4];     // on_token's stop = 1 seen
 } core_log_t;
 
-static void log_token(void *ctx, void *user, int32_t token, int stop) {
+static void log_token(void *ctx, void *user, int32_t token, int stop, const engine_logprob_t *lp) {
     core_log_t *l = ctx;
     const int i = (int)(intptr_t)user;
     (void)token;
@@ -119,7 +133,7 @@ static engine_t *tiny_engine(void) {
 Test(engine_core, late_requests_abort_and_stop_token_ids) {
     engine_t *e = tiny_engine();
     const int32_t prompt[] = {431, 173, 170, 322, 319, 246, 264, 420};
-    const engine_request_t r = {prompt, 8, {0, 0, 1, 12, 1}, 0};
+    const engine_request_t r = {prompt, 8, {.temperature = 0, .top_p = 1, .max_tokens = 12, .ignore_eos = 1}, 0};
     engine_output_t alone;
     cr_assert_eq(engine_run(e, &r, 1, &alone, NULL), 0, "%s", mv_last_error());
     cr_assert_eq(alone.num_tokens, 12);
@@ -134,7 +148,7 @@ Test(engine_core, late_requests_abort_and_stop_token_ids) {
     // Joins the running batch after three steps; the same greedy tokens.
     cr_assert_eq(engine_core_add(c, &r, NULL, (void *)1, &id1), 0);
     // A third, long one, aborted while it runs.
-    const engine_request_t longer = {prompt, 8, {0, 0, 1, 400, 1}, 0};
+    const engine_request_t longer = {prompt, 8, {.temperature = 0, .top_p = 1, .max_tokens = 400, .ignore_eos = 1}, 0};
     cr_assert_eq(engine_core_add(c, &longer, NULL, (void *)2, &id2), 0);
     cr_assert_eq(engine_core_step(c), 0);
     engine_core_stats_t st;
@@ -349,11 +363,11 @@ Test(serve_socket, completions_stream_errors_timeout_and_sigint, .timeout = 60) 
     st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"top_p\": 0}", resp, sizeof resp);
     cr_expect_eq(st, 400, "%s", resp);
     cr_expect(strstr(body_of(resp), "\"param\":\"top_p\"") != NULL, "%s", resp);
-    st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"presence_penalty\": 0.5}", resp, sizeof resp);
-    cr_expect(st == 400 && strstr(resp, "not supported yet: presence_penalty"), "%s", resp);
-    st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"presence_penalty\": 0, \"n\": 1}", resp,
+    st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"logit_bias\": {\"5\": 1}}", resp, sizeof resp);
+    cr_expect(st == 400 && strstr(resp, "not supported yet: logit_bias"), "%s", resp);
+    st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"logit_bias\": {}, \"echo\": false}", resp,
               sizeof resp);
-    cr_expect_eq(st, 200, "the default values of unsupported fields are accepted: %s", resp);
+    cr_expect_eq(st, 200, "the values of unsupported fields that mean off are accepted: %s", resp);
     st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1], \"prompt\": [2]}", resp, sizeof resp);
     cr_expect_eq(st, 400, "a key twice: %s", resp);
     st = http(s.port, "POST", "/v1/completions", "{\"prompt\": [1]", resp, sizeof resp);
@@ -405,6 +419,223 @@ Test(serve_socket, completions_stream_errors_timeout_and_sigint, .timeout = 60) 
     cr_expect_eq(stop_server(&s, SIGINT), 0, "SIGINT: drain and exit 0");
 }
 
+// ---- openai.c in-process: the sampling fields, n, and the logprobs' JSON ----------------------
+
+// The tiny checkpoint as the server sees it, without a tokenizer (text is refused).
+static api_context_t tiny_api(void) {
+    return (api_context_t){.served_model_name = "tiny", .vocab_size = 512, .max_model_len = 512,
+                           .defaults = {.temperature = 0.6f, .top_k = 20, .top_p = 0.95f}};
+}
+
+static int parse_body(api_kind_t kind, const char *body, api_request_t *r, api_error_t *err) {
+    const api_context_t ctx = tiny_api();
+    return api_parse_request(kind, body, strlen(body), &ctx, r, err);
+}
+
+Test(serve_api, the_sampling_fields_and_their_ranges) {
+    api_request_t r;
+    api_error_t err;
+    cr_assert_eq(parse_body(API_COMPLETIONS,
+                            "{\"prompt\": [[1, 2], [3]], \"max_tokens\": 8, \"n\": 3, \"best_of\": 3, \"seed\": 9,"
+                            " \"presence_penalty\": -1.5, \"frequency_penalty\": 2, \"repetition_penalty\": 1.25,"
+                            " \"min_p\": 0.125, \"min_tokens\": 8, \"logprobs\": 5}",
+                            &r, &err),
+                 0, "%s", err.message);
+    cr_expect_eq(r.n, 3);
+    cr_expect_eq(api_num_choices(&r), 6, "two prompts x n = 3");
+    cr_expect(r.has_seed && r.seed == 9);
+    cr_expect_eq(r.params.presence_penalty, -1.5f);
+    cr_expect_eq(r.params.frequency_penalty, 2.0f);
+    cr_expect_eq(r.params.repetition_penalty, 1.25f);
+    cr_expect_eq(r.params.min_p, 0.125f);
+    cr_expect_eq(r.params.min_tokens, 8);
+    cr_expect(r.params.logprobs == 1 && r.params.top_logprobs == 5, "completions' logprobs 5: the sampled + 5");
+    api_request_free(&r);
+    cr_assert_eq(parse_body(API_COMPLETIONS,
+                            "{\"prompt\": [1], \"n\": 1, \"best_of\": null, \"presence_penalty\": 0,"
+                            " \"logprobs\": 0, \"echo\": false, \"min_tokens\": 0}",
+                            &r, &err),
+                 0, "%s", err.message);
+    cr_expect(r.n == 1 && r.params.logprobs == 1 && r.params.top_logprobs == 0, "logprobs 0: the sampled token's");
+    api_request_free(&r);
+    // Each bad value: a 400 naming its field.
+    static const struct {
+        api_kind_t kind;
+        const char *body, *param;
+    } BAD[] = {
+        {API_COMPLETIONS, "{\"prompt\": [1], \"n\": 0}", "n"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"n\": 129}", "n"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"n\": 2.5}", "n"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"n\": 2, \"temperature\": 0}", "n"},  // vLLM: greedy needs n = 1
+        {API_COMPLETIONS, "{\"prompt\": [1], \"best_of\": 2}", "best_of"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"presence_penalty\": 2.5}", "presence_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"presence_penalty\": \"1\"}", "presence_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"frequency_penalty\": -2.01}", "frequency_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"repetition_penalty\": 0}", "repetition_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"repetition_penalty\": -1}", "repetition_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"repetition_penalty\": 1e999}", "repetition_penalty"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"min_p\": 1.01}", "min_p"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"min_p\": -0.1}", "min_p"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"min_tokens\": -1}", "min_tokens"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"min_tokens\": 1.5}", "min_tokens"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"min_tokens\": 17}", "min_tokens"},  // > the default max_tokens 16
+        {API_COMPLETIONS, "{\"prompt\": [1], \"max_tokens\": 4, \"min_tokens\": 5}", "min_tokens"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"logprobs\": 21}", "logprobs"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"logprobs\": -1}", "logprobs"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"logprobs\": true}", "logprobs"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"top_logprobs\": 2}", "top_logprobs"},  // chat's field
+        {API_COMPLETIONS, "{\"prompt\": [1], \"prompt_logprobs\": 1}", "prompt_logprobs"},
+        {API_COMPLETIONS, "{\"prompt\": [1], \"echo\": true}", "echo"},
+        {API_CHAT, "{\"messages\": [], \"logprobs\": 1}", "logprobs"},
+        {API_CHAT, "{\"messages\": [], \"top_logprobs\": 2}", "top_logprobs"},
+        {API_CHAT, "{\"messages\": [], \"logprobs\": true, \"top_logprobs\": 21}", "top_logprobs"},
+    };
+    for (size_t k = 0; k < sizeof BAD / sizeof *BAD; k++) {
+        const int rc = parse_body(BAD[k].kind, BAD[k].body, &r, &err);
+        cr_expect(rc == -1 && err.status == 400 && !strcmp(err.param, BAD[k].param), "%s: %d %s (%s)", BAD[k].body,
+                  err.status, err.param, err.message);
+        api_request_free(&r);
+    }
+}
+
+// A finished choice of two tokens, by hand: the second one's logprob -inf (as
+// a masked id has), its second top entry missing (fewer ids than asked).
+Test(serve_api, logprobs_in_openais_shapes_and_no_inf) {
+    const api_context_t ctx = tiny_api();
+    engine_logprob_t lps[2] = {{-0.25f, 2, {7, 9}, {-0.25f, -1.5f}}, {-INFINITY, 2, {3, -1}, {-0.5f, -INFINITY}}};
+    int32_t ids[2] = {7, 11}, prompt[2] = {1, 2};
+    engine_output_t o = {.token_ids = ids, .num_tokens = 2, .finish_reason = FINISH_MAX_TOKENS, .stop_token_id = -1,
+                         .num_prompt_tokens = 2, .logprobs = lps};
+    api_choice_t ch[2] = {{&o, prompt, 2}, {&o, prompt, 2}};
+    api_request_t r;
+    api_error_t err;
+    cr_assert_eq(parse_body(API_COMPLETIONS, "{\"prompt\": [1, 2], \"logprobs\": 2, \"max_tokens\": 2}", &r, &err), 0,
+                 "%s", err.message);
+    r.n = 2;  // two choices of one prompt: its tokens count once in usage
+    tok_bytes_t b = {0};
+    cr_assert_eq(api_response_json(&r, &ctx, "cmpl-x", 1, ch, 2, &b), 0);
+    cr_expect(!strstr(b.data, "inf") && !strstr(b.data, "nan") && strstr(b.data, "-9999.0"), "%s", b.data);
+    cJSON *j = cJSON_Parse(b.data);
+    cr_assert_not_null(j, "%s", b.data);
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 1), "logprobs");
+    char *got = cJSON_PrintUnformatted(lp);
+    // The sampled token first in its map (7 once), the missing id left out, offsets in characters.
+    cr_expect_str_eq(got, "{\"tokens\":[\"token_id:7\",\"token_id:11\"],\"token_logprobs\":[-0.25,-9999],"
+                          "\"top_logprobs\":[{\"token_id:7\":-0.25,\"token_id:9\":-1.5},"
+                          "{\"token_id:11\":-9999,\"token_id:3\":-0.5}],\"text_offset\":[0,10]}");
+    free(got);
+    const cJSON *usage = cJSON_GetObjectItem(j, "usage");
+    cr_expect_eq(cJSON_GetObjectItem(usage, "prompt_tokens")->valueint, 2, "n = 2: the prompt counted once");
+    cr_expect_eq(cJSON_GetObjectItem(usage, "completion_tokens")->valueint, 4);
+    cJSON_Delete(j);
+    // A stream chunk of the second token: its text_offset goes on from 10.
+    int offset = 10;
+    const api_logprobs_t one = {ids + 1, lps + 1, 1, &offset};
+    b.len = 0;
+    cr_assert_eq(api_chunk_text(&r, &ctx, "cmpl-x", 1, 0, "", 0, &one, NULL, &b), 0);
+    cr_expect(strstr(b.data, "\"text_offset\":[10]") && offset == 21, "%d %s", offset, b.data);
+    // Chat's shape (the request made by hand: a chat body needs a tokenizer).
+    r.kind = API_CHAT;
+    r.params.top_logprobs = 2;
+    b.len = 0;
+    cr_assert_eq(api_response_json(&r, &ctx, "chatcmpl-x", 1, ch, 1, &b), 0);
+    cr_expect(!strstr(b.data, "inf") && !strstr(b.data, "nan"), "%s", b.data);
+    j = cJSON_Parse(b.data);
+    cr_assert_not_null(j, "%s", b.data);
+    lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    got = cJSON_PrintUnformatted(lp);
+    cr_expect_str_eq(got, "{\"content\":[{\"token\":\"token_id:7\",\"logprob\":-0.25,\"bytes\":null,\"top_logprobs\":["
+                          "{\"token\":\"token_id:7\",\"logprob\":-0.25,\"bytes\":null},"
+                          "{\"token\":\"token_id:9\",\"logprob\":-1.5,\"bytes\":null}]},"
+                          "{\"token\":\"token_id:11\",\"logprob\":-9999,\"bytes\":null,\"top_logprobs\":["
+                          "{\"token\":\"token_id:3\",\"logprob\":-0.5,\"bytes\":null}]}]}");
+    free(got);
+    cJSON_Delete(j);
+    // Without logprobs: null.
+    r.params.logprobs = 0;
+    b.len = 0;
+    cr_assert_eq(api_response_json(&r, &ctx, "chatcmpl-x", 1, ch, 1, &b), 0);
+    cr_expect(strstr(b.data, "\"logprobs\":null") != NULL, "%s", b.data);
+    tok_bytes_free(&b);
+    api_request_free(&r);
+}
+
+// With a tokenizer (the real Qwen3 one, MV_QWEN3_DIR): token strings are the
+// id decoded alone, special tokens kept; chat's bytes are the raw bytes, also
+// of a token that is half a UTF-8 character (its string U+FFFD).
+Test(serve_api, logprobs_token_strings_and_bytes) {
+    const char *qwen = qwen3_dir_or_skip("the logprobs token strings test");
+    tokenizer_t *tok = tokenizer_load(qwen);
+    cr_assert_not_null(tok, "%s", mv_last_error());
+    api_context_t ctx = tiny_api();
+    ctx.tokenizer = tok;
+    ctx.vocab_size = tokenizer_n_ids(tok);
+    // "é" is C3 A9; byte-level ids 0..255 hold single bytes: find C3's token by its bytes.
+    int32_t half = -1;
+    for (int32_t id = 0; id < 256 && half < 0; id++) {
+        const char *p;
+        size_t n;
+        if (!tokenizer_token_bytes(tok, id, &p, &n) && n == 1 && (unsigned char)p[0] == 0xC3) half = id;
+    }
+    cr_assert_geq(half, 0, "no token for the byte C3");
+    const int32_t im_end = tokenizer_token_id(tok, "<|im_end|>");
+    cr_assert_geq(im_end, 0);
+    engine_logprob_t lps[2] = {{-1.0f, 0, {0}, {0}}, {-2.0f, 0, {0}, {0}}};
+    int32_t ids[2] = {half, im_end}, prompt[1] = {1};
+    engine_output_t o = {.token_ids = ids, .num_tokens = 2, .finish_reason = FINISH_MAX_TOKENS, .stop_token_id = -1,
+                         .num_prompt_tokens = 1, .logprobs = lps};
+    const api_choice_t ch = {&o, prompt, 1};
+    api_request_t r = {.kind = API_CHAT, .n = 1, .skip_special_tokens = 1, .params = {.logprobs = 1}};
+    tok_bytes_t b = {0};
+    cr_assert_eq(api_response_json(&r, &ctx, "chatcmpl-x", 1, &ch, 1, &b), 0);
+    cr_expect(strstr(b.data, "{\"token\":\"\xEF\xBF\xBD\",\"logprob\":-1,\"bytes\":[195]") != NULL, "%s", b.data);
+    cr_expect(strstr(b.data, "{\"token\":\"<|im_end|>\",\"logprob\":-2,\"bytes\":[60,124,105,109,95,101,110,100,124,62]")
+                  != NULL,
+              "skip_special_tokens leaves the logprobs' tokens alone: %s", b.data);
+    tok_bytes_free(&b);
+    tokenizer_free(tok);
+}
+
+// n > 1 over the socket: choice j with "seed" s draws what a lone request with seed s + j draws.
+Test(serve_socket, n_choices_draw_with_seed_plus_j) {
+    server_t s = start_server("");
+    static char resp[1 << 16];
+    const char *fmt = "{\"prompt\": [431, 173, 170, 322], \"max_tokens\": 6, \"temperature\": 5, \"top_p\": 1,"
+                      " \"top_k\": 0, \"ignore_eos\": true, \"return_token_ids\": true, \"seed\": %d, \"n\": %d}";
+    char body[512];
+    snprintf(body, sizeof body, fmt, 5, 3);
+    cr_assert_eq(http(s.port, "POST", "/v1/completions", body, resp, sizeof resp), 200, "%s", resp);
+    cJSON *all = cJSON_Parse(body_of(resp));
+    cr_assert_not_null(all, "%s", resp);
+    const cJSON *choices = cJSON_GetObjectItem(all, "choices");
+    cr_assert_eq(cJSON_GetArraySize(choices), 3, "%s", resp);
+    char *first = NULL;
+    int differ = 0;
+    for (int k = 0; k < 3; k++) {
+        const cJSON *c = cJSON_GetArrayItem(choices, k);
+        cr_expect_eq(cJSON_GetObjectItem(c, "index")->valueint, k);
+        char *ids = cJSON_PrintUnformatted(cJSON_GetObjectItem(c, "token_ids"));
+        snprintf(body, sizeof body, fmt, 5 + k, 1);
+        cr_assert_eq(http(s.port, "POST", "/v1/completions", body, resp, sizeof resp), 200, "%s", resp);
+        cJSON *one = cJSON_Parse(body_of(resp));
+        char *want = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(one, "choices"), 0),
+                                                                "token_ids"));
+        cr_expect_str_eq(ids, want, "choice %d of seed 5 is seed %d's", k, 5 + k);
+        if (!first) first = strdup(ids);
+        else differ |= strcmp(first, ids) != 0;
+        free(want);
+        free(ids);
+        cJSON_Delete(one);
+    }
+    cr_expect(differ, "the three choices drew the same tokens");
+    const cJSON *usage = cJSON_GetObjectItem(all, "usage");
+    cr_expect_eq(cJSON_GetObjectItem(usage, "prompt_tokens")->valueint, 4, "the prompt counted once");
+    cr_expect_eq(cJSON_GetObjectItem(usage, "completion_tokens")->valueint, 18);
+    free(first);
+    cJSON_Delete(all);
+    cr_expect_eq(stop_server(&s, SIGTERM), 0);
+}
+
 // The real openai client, in Python (tests/serve/openai_client_test.py).
 // No .timeout here: the script bounds its own waits (20 s each), and under
 // ASan libcriterion 2.4 leaks 48 bytes when two .timeout tests run at once.
@@ -419,6 +650,17 @@ Test(serve_openai, the_openai_python_client) {
         cr_skip_test("python3 has no openai module");
     }
     cr_expect_eq(st, 0, "tests/serve/openai_client_test.py failed:\n%s", out);
+}
+
+// The serving benchmark, in Python (tests/serve/bench_serve_test.py runs
+// tests/serve/bench_serve.py against servers of its own; MV_QWEN3_DIR, when
+// set, is read from the environment). No .timeout, as above: the script
+// bounds its waits (20 s a byte, 120 s a run).
+Test(serve_bench, bench_serve_py_against_the_server) {
+    char cmd[1024], out[1 << 16];
+    snprintf(cmd, sizeof cmd, "python3 tests/serve/bench_serve_test.py --minivllm ./%s/minivllm 2>&1", MV_BUILD_DIR);
+    int st = run_command(cmd, out, sizeof out);
+    cr_expect_eq(st, 0, "tests/serve/bench_serve_test.py failed:\n%s", out);
 }
 
 // Only the program links the HTTP library: no chapter, no test binary (Makefile, SERVE_LDLIBS).

@@ -70,17 +70,24 @@ int tp_linear_qkv(tp_linear_t *l, int hidden, int num_heads, int num_kv_heads, i
                         num_heads, num_kv_heads);
     if (num_heads % tp_size)
         return mv_error("QKV linear: tp size %d does not divide num_attention_heads %d", tp_size, num_heads);
-    if (num_kv_heads % tp_size)
-        return mv_error("QKV linear: tp size %d does not divide num_key_value_heads %d", tp_size, num_kv_heads);
+    // KV heads are split when tp divides them, and replicated when tp is a
+    // multiple of them (every rank then needs one whole kv head: a head is
+    // never split). Anything else would leave a rank's query heads reading
+    // kv heads split across ranks.
+    if (num_kv_heads % tp_size && tp_size % num_kv_heads)
+        return mv_error("QKV linear: tp size %d neither divides num_key_value_heads %d nor is a multiple of it",
+                        tp_size, num_kv_heads);
     l->kind = TP_QKV;
     l->num_parts = 3;
     l->num_heads = num_heads;
     l->num_kv_heads = num_kv_heads;
     l->head_dim = head_dim;
+    l->kv_heads_local = num_kv_heads >= tp_size ? num_kv_heads / tp_size : 1;
+    l->kv_replicas = num_kv_heads >= tp_size ? 1 : tp_size / num_kv_heads;
     l->part_out[0] = num_heads * head_dim;
     l->part_out[1] = l->part_out[2] = num_kv_heads * head_dim;
     l->out_features = l->part_out[0] + 2 * l->part_out[1];
-    l->out_local = l->out_features / tp_size;
+    l->out_local = (num_heads / tp_size + 2 * l->kv_heads_local) * head_dim;
     return 0;
 }
 
@@ -136,10 +143,13 @@ int tp_linear_segments(const tp_linear_t *l, tp_segment_t *seg) {
         return 1;
     }
     // Column kinds: part p's slice of this rank follows the earlier parts' slices.
+    // QKV's k and v (parts 1, 2) are cut by kv head, which kv_replicas ranks share.
     int local = 0, full = 0;
     for (int p = 0; p < l->num_parts; p++) {
-        int n = l->part_out[p] / tp;
-        seg[p] = (tp_segment_t){local, full + r * n, n};
+        const int kv = l->kind == TP_QKV && p > 0;
+        int n = kv ? l->kv_heads_local * l->head_dim : l->part_out[p] / tp;
+        int slice = kv ? r / l->kv_replicas : r;
+        seg[p] = (tp_segment_t){local, full + slice * n, n};
         local += n;
         full += l->part_out[p];
     }

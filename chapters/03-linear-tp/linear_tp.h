@@ -16,6 +16,11 @@
  *                    num_heads/tp query heads and num_kv_heads/tp kv heads,
  *                    laid out [q_r | k_r | v_r]. Whole heads never split,
  *                    so attention runs on each rank with no communication.
+ *                    When tp exceeds num_kv_heads (a multiple of it), each
+ *                    rank holds the one kv head its query heads read, and
+ *                    tp/num_kv_heads ranks hold a copy of it (vLLM's
+ *                    num_kv_head_replicas): rank r holds kv head
+ *                    r / (tp/num_kv_heads).
  *   row-parallel     rank r holds input columns [r*in/tp, (r+1)*in/tp): it
  *                    computes a partial sum of the full output; an
  *                    all-reduce adds the partials; the bias is added once.
@@ -52,6 +57,8 @@ typedef struct {
     int num_parts;                  // merged column: 2 (gate, up); QKV: 3 (q, k, v); else 1
     int part_out[TP_MAX_PARTS];     // full output rows of each part
     int num_heads, num_kv_heads, head_dim;  // QKV only
+    int kv_heads_local;             // QKV only: kv heads this rank holds (num_kv_heads/tp, or 1 when replicated)
+    int kv_replicas;                // QKV only: ranks holding each kv head (1, or tp/num_kv_heads)
 } tp_linear_t;
 
 // Where a rank's local output columns sit in the full output:

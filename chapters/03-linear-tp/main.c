@@ -246,9 +246,10 @@ static void check_rejections(harness_t *h) {
     int rc = tp_linear_qkv(&l, 1024, 16, 8, 128, 3, 0);
     snprintf(detail, sizeof detail, "tp=3, 16 heads: %s", rc ? mv_last_error() : "accepted (wrong)");
     harness_check_bool(h, "cpu", "reject", "qkv heads % tp", rc != 0 && strstr(mv_last_error(), "num_attention_heads"), detail);
-    // tp = 16 divides 16 query heads but not 8 kv heads.
-    rc = tp_linear_qkv(&l, 1024, 16, 8, 128, 16, 0);
-    snprintf(detail, sizeof detail, "tp=16, 8 kv heads: %s", rc ? mv_last_error() : "accepted (wrong)");
+    // tp = 12 divides 24 query heads, but neither divides 8 kv heads nor is a
+    // multiple of them (tp = 16 would replicate them, as vLLM does).
+    rc = tp_linear_qkv(&l, 1024, 24, 8, 128, 12, 0);
+    snprintf(detail, sizeof detail, "tp=12, 8 kv heads: %s", rc ? mv_last_error() : "accepted (wrong)");
     harness_check_bool(h, "cpu", "reject", "qkv kv_heads % tp", rc != 0 && strstr(mv_last_error(), "num_key_value_heads"), detail);
     // A k_proj of the wrong shape is an error naming the tensor.
     MV_CHECK(tp_linear_qkv(&l, 64, 4, 2, 16, 2, 1));

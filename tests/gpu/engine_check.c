@@ -233,7 +233,7 @@ static void run_golden(const char *dir, runner_device_t dev, const golden_t *g, 
     engine_output_t outs[MAX_CASES];
     for (int i = 0; i < n; i++) {
         const gcase_t *gc = &g->cases[first + i];
-        reqs[i] = (engine_request_t){gc->prompt, gc->n_prompt, {0.0f, 0, 1.0f, g->max_new_tokens, 1}, 0};
+        reqs[i] = (engine_request_t){gc->prompt, gc->n_prompt, {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1}, 0};
     }
     long long cached = 0, preempted = 0;
     int ok = 1;
@@ -293,7 +293,7 @@ static void run_logits(const char *dir, runner_device_t dev, const golden_t *g) 
     engine_request_t reqs[MAX_CASES];
     engine_output_t outs[MAX_CASES], outs2[MAX_CASES];
     for (int i = 0; i < g->n_cases; i++)
-        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, {0.0f, 0, 1.0f, g->max_new_tokens, 1},
+        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1},
                                      0};
     capture_t cap = {0};
     if (engine_generate(e, reqs, g->n_cases, outs, capture_first, &cap) ||
@@ -361,8 +361,8 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
     *num_graphs = e->runner->num_graphs;
     engine_request_t reqs[MAX_CASES];
     for (int i = 0; i < g->n_cases; i++) {
-        sampling_params_t p = {0.0f, 0, 1.0f, g->max_new_tokens, 1};
-        if (sampled) p = (sampling_params_t){0.8f, i % 3 ? 20 : 0, i % 2 ? 0.9f : 1.0f, g->max_new_tokens, 1};
+        sampling_params_t p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
+        if (sampled) p = (sampling_params_t){.temperature = 0.8f, .top_k = i % 3 ? 20 : 0, .top_p = i % 2 ? 0.9f : 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
         reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, p, 1000u + (uint64_t)i};
     }
     memset(lh, 0, sizeof *lh);
@@ -740,7 +740,7 @@ static void check_sampler_frequencies(void) {
         }
         double prob[8] = {0}, sum = 0;
         sampling_scratch_t s;
-        const sampling_row_t row = {temps[c], tks[c], tps[c], 77, 0};
+        const sampling_row_t row = {.temperature = temps[c], .top_k = tks[c], .top_p = tps[c], .seed = 77, .gen_index = 0};
         int n = 0;
         if (sampling_scratch_init(&s, V) || sampling_kept_cpu(&s, base, &row, &n)) n = 0;
         for (int j = 0; j < n; j++) {

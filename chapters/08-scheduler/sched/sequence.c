@@ -8,7 +8,7 @@
 
 sampling_params_t sampling_params_default(int max_tokens) {
     // Qwen3-0.6B's generation_config.json: temperature 0.6, top_k 20, top_p 0.95.
-    sampling_params_t p = {0.6f, 20, 0.95f, max_tokens, 0};
+    sampling_params_t p = {.temperature = 0.6f, .top_k = 20, .top_p = 0.95f, .max_tokens = max_tokens, .ignore_eos = 0};
     return p;
 }
 

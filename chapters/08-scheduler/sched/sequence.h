@@ -43,6 +43,16 @@ typedef struct {
     float top_p;        // 1 = no nucleus cut
     int max_tokens;     // at most this many generated tokens, >= 1
     int ignore_eos;     // 1: keep going after an eos id (benchmarks do this)
+    // vLLM's other sampling options. A zeroed field is "off", so a struct
+    // written with only the five fields above is the plain sampler.
+    int min_tokens;            // eos and stop ids cannot be sampled before this many tokens (0 = off)
+    float min_p;               // drop tokens less likely than min_p x the likeliest (0 = off)
+    float presence_penalty;    // minus this for every id already generated (0 = off)
+    float frequency_penalty;   // minus this times how often each id was generated (0 = off)
+    float repetition_penalty;  // ids of the prompt or the output: a logit > 0 divided by it,
+                               // else multiplied (1 = off; 0 is taken as 1, a zeroed struct)
+    int logprobs;              // 1: each token's log-probability (of the raw logits) is returned
+    int top_logprobs;          // with logprobs: also this many likeliest ids and theirs (0..20)
 } sampling_params_t;
 
 // Qwen3's generation_config.json defaults, with the given max_tokens.

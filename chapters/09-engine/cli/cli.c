@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "chapters/09-engine/model/mapped_file.h"
+#include "chapters/09-engine/model/qwen3_layout.h"
+#include "chapters/09-engine/parallel/tp_comm.h"
 #include "common/check.h"
 
 int cli_error(const char *cmd, int status, const char *fmt, ...) {
@@ -120,14 +122,18 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
         {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a->no_prefix},
         {"--enforce-eager", NULL, "cuda: no CUDA graphs; decode steps launch kernel by kernel", NULL,
          &a->enforce_eager},
+        {"--tensor-parallel-size", "N", "ranks the model is split over, one process each: launch with "
+                                        "`mpirun -np N` (cpu; default 1)", &a->tp_size, NULL},
+        {"-tp", "N", "the same as --tensor-parallel-size", &a->tp_size, NULL},
     };
     memcpy(opts, o, sizeof o);
     return CLI_ENGINE_N_OPTS;
 }
 
 int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec) {
-    long v[6] = {0};
-    if (cli_parse_long(cmd, "--max-model-len", a->max_model_len, 1, 1 << 24, &v[0]) ||
+    long v[7] = {0, 0, 0, 0, 0, 0, 1};
+    if (cli_parse_long(cmd, "--tensor-parallel-size", a->tp_size, 1, 64, &v[6]) ||
+        cli_parse_long(cmd, "--max-model-len", a->max_model_len, 1, 1 << 24, &v[0]) ||
         cli_parse_long(cmd, "--max-num-seqs", a->max_num_seqs, 1, 1 << 16, &v[1]) ||
         cli_parse_long(cmd, "--max-num-batched-tokens", a->max_batched, 1, 1 << 24, &v[2]) ||
         cli_parse_long(cmd, "--block-size", a->block_size, 1, 1 << 16, &v[3]) ||
@@ -140,6 +146,7 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
     ec->block_size = (int)v[3];
     ec->num_blocks = (int)v[4];
     ec->num_threads = (int)v[5];
+    ec->tp_size = (int)v[6];
     float gib = 0;
     if (cli_parse_float(cmd, "--kv-cache-gib", a->kv_gib, 0, 1 << 20, 1, &gib)) return CLI_USAGE;
     ec->kv_cache_bytes = (long long)((double)gib * (double)(1LL << 30));
@@ -149,15 +156,62 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
     ec->enforce_eager = a->enforce_eager;
     if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
         return bad_value(cmd, "--device", a->device, "cpu or cuda");
-    if (!a->device) {
-        ec->device = model_runner_default_device();
-        return CLI_OK;
-    }
-    ec->device = strcmp(a->device, "cuda") == 0 ? RUNNER_DEVICE_CUDA : RUNNER_DEVICE_CPU;
+    ec->device = !a->device ? model_runner_default_device()
+                 : strcmp(a->device, "cuda") == 0 ? RUNNER_DEVICE_CUDA : RUNNER_DEVICE_CPU;
     char why[256];
-    if (!model_runner_device_available(ec->device, why, sizeof why))
+    if (a->device && !model_runner_device_available(ec->device, why, sizeof why))
         return cli_error(cmd, CLI_FAIL, "--device %s: %s (use --device cpu)", a->device, why);
+    if (ec->tp_size > 1 && ec->device == RUNNER_DEVICE_CUDA)
+        return cli_error(cmd, CLI_USAGE, "--tensor-parallel-size %d: the cuda backend runs with "
+                                         "--tensor-parallel-size 1 only so far; the NCCL path is issue 17's GPU "
+                                         "half (use --device cpu)", ec->tp_size);
     return CLI_OK;
+}
+
+int cli_tp_follower(const char *cmd, const engine_config_t *ec, int *status) {
+    *status = CLI_OK;
+    // Rank 0 alone speaks for what every rank finds the same (one message is enough).
+    const int quiet = tp_comm_launched_rank() != 0;
+    if (ec->tp_size <= 1 && tp_comm_launched_size() > 1) {
+        // N copies of the whole job, each writing the same outputs: surely not what was meant.
+        *status = quiet ? CLI_USAGE
+                        : cli_error(cmd, CLI_USAGE, "mpirun started %d ranks, and --tensor-parallel-size is 1: give "
+                                                    "-tp %d to split the model over them",
+                                    tp_comm_launched_size(), tp_comm_launched_size());
+        return 1;
+    }
+    if (ec->tp_size <= 1) return 0;
+    // Sizes tp does not divide are refused before MPI starts.
+    qwen3_config_t m;
+    qwen3_layout_t lo;
+    tp_comm_t world;
+    if (qwen3_config_load(ec->model_dir, &m) || qwen3_layout_init(&lo, &m, ec->tp_size, 0)) {
+        *status = quiet ? CLI_FAIL
+                        : cli_error(cmd, CLI_FAIL, "--tensor-parallel-size %d: %s", ec->tp_size, mv_last_error());
+        return 1;
+    }
+    if (tp_comm_open(ec->tp_size, &world)) {
+        *status = quiet ? CLI_FAIL : cli_error(cmd, CLI_FAIL, "%s", mv_last_error());
+        return 1;
+    }
+    if (world.rank == 0) return 0;
+    // A follower: rank 0 answers the signals (serve drains on SIGTERM, then
+    // stops every rank), so mpirun's forwarded copies are not for us.
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
+    engine_config_t fc = *ec;
+    fc.progress = 0;
+    engine_t *e = NULL;
+    if (engine_create(&fc, &e)) {
+        // A failure every rank learned of (the load's agreement) is rank 0's
+        // to report; one only this rank knows it says itself.
+        *status = tp_comm_settled() ? CLI_FAIL
+                                    : cli_error(cmd, CLI_FAIL, "tp rank %d: %s", world.rank, mv_last_error());
+        return 1;
+    }
+    if (model_runner_follow(e->runner)) *status = cli_error(cmd, CLI_FAIL, "tp rank %d: %s", world.rank, mv_last_error());
+    engine_free(e);
+    return 1;
 }
 
 void cli_print_ids(FILE *f, const int32_t *ids, size_t n) {

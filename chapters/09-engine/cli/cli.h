@@ -52,16 +52,17 @@ int cli_parse_long(const char *cmd, const char *opt, const char *v, long lo, lon
 int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, double hi, int lo_open, float *out);
 
 // The engine's options, shared by every command that runs the engine
-// (generate, bench): --device, --max-model-len, --max-num-seqs,
-// --max-num-batched-tokens, --block-size, --num-blocks, --kv-cache-gib,
-// --gpu-memory-utilization, --threads, --no-prefix-caching.
+// (generate, bench, serve, chat; inspect for its memory figures): --device,
+// --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
+// --num-blocks, --kv-cache-gib, --gpu-memory-utilization, --threads,
+// --no-prefix-caching, --enforce-eager, --tensor-parallel-size (also -tp).
 typedef struct {
     const char *device, *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
-    const char *gpu_util;
+    const char *gpu_util, *tp_size;
     int no_prefix;
     int enforce_eager;
 } cli_engine_args_t;
-enum { CLI_ENGINE_N_OPTS = 11 };
+enum { CLI_ENGINE_N_OPTS = 13 };
 // Write the CLI_ENGINE_N_OPTS option entries, bound to *a, into opts[];
 // returns CLI_ENGINE_N_OPTS.
 int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);
@@ -70,6 +71,17 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);
 // CLI_USAGE naming a bad value, CLI_FAIL for --device cuda where it cannot
 // run (saying why), else CLI_OK.
 int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config_t *ec);
+
+// Tensor parallelism (--tensor-parallel-size N > 1, one process per rank
+// under `mpirun -np N`): a command that runs the engine calls this once its
+// engine_config_t is complete, before it reads requests or opens outputs.
+// Returns 0 on rank 0 (and at N = 1): go on, rank 0 does all the command's
+// work. Returns 1 when the command ends here with *status: on rank 0 when
+// the ranks cannot be joined (not started by mpirun, another world size, a
+// build without MPI: the message says which), and on every other rank once
+// it has loaded its shard and followed rank 0's steps to the end (it
+// reads, writes and prints nothing else).
+int cli_tp_follower(const char *cmd, const engine_config_t *ec, int *status);
 
 // --model as given: a directory, or a Hugging Face repo id ("Qwen/Qwen3-0.6B")
 // whose snapshot is in the local Hub cache (HF_HUB_CACHE, HF_HOME/hub or

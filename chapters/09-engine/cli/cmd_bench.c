@@ -355,7 +355,7 @@ static int read_input(bench_t *b) {
     rq->text_refused = "bench times token ids: give \"prompt_token_ids\"";
     rq->vocab_size = b->model.vocab_size;
     rq->need_max_tokens = 1;
-    rq->defaults = (sampling_params_t){0.0f, 0, 1.0f, 16, 1};  // greedy, ignore_eos
+    rq->defaults = (sampling_params_t){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 16, .ignore_eos = 1};  // greedy, ignore_eos
     rq->base_seed = (uint64_t)b->seed;
     if (cli_requests_read(rq, b->input)) return -1;
     if (rq->n == 0) return mv_error("%s: no requests in it (it is empty, or every line is blank)", b->input);
@@ -388,7 +388,7 @@ static int draw_requests(const bench_t *b, const engine_t *e, int n, engine_requ
         int prompt_len = rng_int(&len_rng, (int)b->min_len, (int)b->max_len);
         int output_len = rng_int(&len_rng, (int)b->min_len, (int)b->max_len);
         reqs[i].num_prompt = b->prompt_len ? (int)b->prompt_len : prompt_len;
-        reqs[i].params = (sampling_params_t){0.0f, 0, 1.0f, b->output_len ? (int)b->output_len : output_len, 1};
+        reqs[i].params = (sampling_params_t){.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = b->output_len ? (int)b->output_len : output_len, .ignore_eos = 1};
         reqs[i].seed = (uint64_t)b->seed + (uint64_t)i;
         total += (size_t)reqs[i].num_prompt;
     }
@@ -1136,6 +1136,10 @@ int cmd_bench(int argc, char **argv) {
         if (mst != CLI_OK) return mst;
     }
     if ((st = bench_options(&a, &b))) return st;
+    if (cli_tp_follower("bench", &b.ec, &st)) {  // ranks other than 0 end here
+        bench_free(&b);
+        return st;
+    }
     st = bench_main(&a, &b, argc, argv);
     bench_free(&b);
     return st;

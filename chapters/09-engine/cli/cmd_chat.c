@@ -92,7 +92,7 @@ static void print_settled(turn_t *t) {
 }
 
 // engine_hooks_t.on_token: the reply, printed as it comes. An eos (stop = 1) has no text.
-static void on_token(void *ctx, int request, int32_t token, int stop) {
+static void on_token(void *ctx, int request, int32_t token, int stop, const engine_logprob_t *lp) {
     turn_t *t = ctx;
     (void)request;
     if (!stop && stop_text_push(&t->dec, token) >= 0) print_settled(t);
@@ -179,10 +179,11 @@ int cmd_chat(int argc, char **argv) {
     if ((st = cli_model_dir("chat", &a.model)) != CLI_OK) return st;
     engine_config_t ec = engine_config_default(a.model);
     if ((st = cli_engine_config("chat", &a.eng, &ec))) return st;
+    if (cli_tp_follower("chat", &ec, &st)) return st;  // ranks other than 0 end here
     qwen3_config_t mc;
     if (qwen3_config_load(a.model, &mc)) return cli_error("chat", CLI_FAIL, "%s", mv_last_error());
     long max_tokens = 0, top_k = mc.top_k, seed = 0;
-    sampling_params_t p = {mc.temperature, mc.top_k, mc.top_p, 1, 0};
+    sampling_params_t p = {.temperature = mc.temperature, .top_k = mc.top_k, .top_p = mc.top_p, .max_tokens = 1, .ignore_eos = 0};
     if (cli_parse_long("chat", "--max-tokens", a.max_tokens, 1, INT_MAX, &max_tokens) ||
         cli_parse_float("chat", "--temperature", a.temperature, 0, 1e6, 0, &p.temperature) ||
         cli_parse_long("chat", "--top-k", a.top_k, 0, INT_MAX, &top_k) ||

@@ -14,7 +14,9 @@
  * "ignore_eos", which override the command line's values for that line,
  * and "stop" (a string or up to 4: vLLM's stop strings, matched on the text
  * as it is generated; the request ends at once, its text cut before the
- * string) with "include_stop_str_in_output" (keep the string in the text).
+ * string) with "include_stop_str_in_output" (keep the string in the text),
+ * and vLLM's other sampling keys (requests.h: stop_token_ids, n, min_tokens,
+ * min_p, the three penalties, logprobs, skip_special_tokens).
  * (cli/requests.c reads these lines, for `bench --input` too.)
  * Every request is submitted at once and batched continuously. Each result
  * is written the moment its request finishes, one JSON line each, in the
@@ -22,7 +24,11 @@
  * writes them in input order instead, each as soon as it and every request
  * before it are done):
  *   {"index":0,"token_ids":[...],"text":"...","finish_reason":"stop","stop_reason":null}
- * (stop_reason as vLLM's: the stop string or stop token id that ended it).
+ * (stop_reason as vLLM's: the stop string or stop token id that ended it;
+ * a line with "n" > 1 gives n records, each with "sample": j; with
+ * "logprobs": N each record has "logprobs": [{"token_id", "logprob",
+ * "top_logprobs": [N of {"token_id", "logprob"}]}, one per token], of the
+ * raw logits, -inf written as -9999.0 as vLLM's server does).
  * (text is "" without a tokenizer). --stream (one text prompt) prints
  * the text on stdout as tokens are sampled, flushed per token, then a
  * newline; the JSON line still goes to --output when it is given. A line is written whole with one
@@ -128,6 +134,26 @@ static int append_ids(tok_bytes_t *b, const int32_t *ids, int n, const char *sep
     return rc || append_str(b, "]") ? -1 : 0;
 }
 
+// A log-probability as JSON: -inf (a token that could not have been drawn)
+// as vLLM's server writes it, -9999.0; %.9g gives the float back exactly.
+static int append_lp(tok_bytes_t *b, float lp) { return tok_bytes_appendf(b, "%.9g", lp < -9999.0f ? -9999.0 : (double)lp); }
+
+// "logprobs": [{"token_id", "logprob", "top_logprobs": [{"token_id", "logprob"}, ...]}, ...],
+// one per generated token (vLLM's per-position logprobs, of the raw logits).
+static int append_logprobs(tok_bytes_t *b, const engine_output_t *o) {
+    int rc = append_str(b, ",\"logprobs\":[");
+    for (int t = 0; !rc && t < o->num_tokens; t++) {
+        const engine_logprob_t *lp = &o->logprobs[t];
+        rc = tok_bytes_appendf(b, "%s{\"token_id\":%d,\"logprob\":", t ? "," : "", o->token_ids[t]) ||
+             append_lp(b, lp->logprob) || append_str(b, ",\"top_logprobs\":[");
+        for (int k = 0; !rc && k < lp->num_top && lp->top_ids[k] >= 0; k++)
+            rc = tok_bytes_appendf(b, "%s{\"token_id\":%d,\"logprob\":", k ? "," : "", lp->top_ids[k]) ||
+                 append_lp(b, lp->top_logprobs[k]) || append_str(b, "}");
+        if (!rc) rc = append_str(b, "]}");
+    }
+    return rc || append_str(b, "]");
+}
+
 // Request i's record: a JSON line, or a text block, built whole in c->rec.
 static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
     tok_bytes_t *b = &c->rec;
@@ -137,7 +163,8 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
     int rc = tok_bytes_append(&c->text, "", 0);
     if (!rc && o->text) rc = tok_bytes_append(&c->text, o->text, o->text_len);  // cut at a stop string
     else if (!rc && c->e->tokenizer)
-        rc = tokenizer_decode(c->e->tokenizer, o->token_ids, (size_t)o->num_tokens, 1, &c->text);
+        rc = tokenizer_decode(c->e->tokenizer, o->token_ids, (size_t)o->num_tokens, !c->rq.reqs[i].stop.keep_special,
+                              &c->text);
     if (rc) return -1;
     const char *reason = engine_output_finish_reason(o);
     if (!c->jsonl) {
@@ -159,6 +186,8 @@ static int format_output(gen_ctx_t *c, int i, const engine_output_t *o) {
     if (!rc && o->stop_str) rc = tok_bytes_append_json(b, o->stop_str, strlen(o->stop_str));
     else if (!rc && o->stop_token_id >= 0) rc = tok_bytes_appendf(b, "%d", o->stop_token_id);
     else if (!rc) rc = append_str(b, "null");
+    if (!rc && c->rq.reqs[i].n > 1) rc = tok_bytes_appendf(b, ",\"sample\":%d", c->rq.reqs[i].sample);
+    if (!rc && o->logprobs) rc = append_logprobs(b, o);
     return rc || append_str(b, "}\n") ? -1 : 0;
 }
 
@@ -171,7 +200,7 @@ static int stream_out(gen_ctx_t *c) {
 }
 
 // engine_hooks_t.on_token (--stream): decoded as format_output decodes (special tokens skipped).
-static void stream_token(void *ctx, int request, int32_t token, int stop) {
+static void stream_token(void *ctx, int request, int32_t token, int stop, const engine_logprob_t *lp) {
     gen_ctx_t *c = ctx;
     (void)request, (void)stop;
     if (c->e->tokenizer && stop_text_push(&c->dec, token) >= 0) stream_out(c);
@@ -297,7 +326,7 @@ typedef struct {
 // The command line's sampling values over generation_config.json's.
 static int sampling_options(const gen_args_t *a, const qwen3_config_t *m, sampling_params_t *p, uint64_t *seed) {
     long max_tokens = 16, top_k = m->top_k, s = 0;
-    *p = (sampling_params_t){m->temperature, m->top_k, m->top_p, 16, a->ignore_eos};
+    *p = (sampling_params_t){.temperature = m->temperature, .top_k = m->top_k, .top_p = m->top_p, .max_tokens = 16, .ignore_eos = a->ignore_eos};
     const char *cmd = "generate";
     if (cli_parse_long(cmd, "--max-tokens", a->max_tokens, 1, INT_MAX, &max_tokens) ||
         cli_parse_float(cmd, "--temperature", a->temperature, 0, 1e6, 0, &p->temperature) ||
@@ -404,6 +433,7 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     int st = cli_engine_config("generate", &a->eng, &ec);
     if (st) return st;
     ec.progress = isatty(STDERR_FILENO);
+    if (cli_tp_follower("generate", &ec, &st)) return st;  // ranks other than 0 end here
     gen_ctx_t c = {.rq = {.path = a->input, .model_dir = a->model, .chat = a->chat},
                    .jsonl = a->output != NULL, .ordered = a->ordered, .stream = a->stream};
     // Parse the numbers before loading anything: a typo costs nothing.

@@ -92,6 +92,7 @@ static int run_serve(const serve_args_t *a) {
     if ((st = cli_engine_config("serve", &a->eng, &ec))) return st;
     ec.random_weights = a->random_weights;
     ec.weights_seed = (uint64_t)n.seed;
+    if (cli_tp_follower("serve", &ec, &st)) return st;  // ranks other than 0 end here
     engine_t *e = NULL;
     if (engine_create(&ec, &e)) return cli_error("serve", CLI_FAIL, "%s", mv_last_error());
     // Signals go to sigwait below, not to a thread in the middle of a step:

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "chapters/09-engine/cli/cli.h"
+#include "chapters/09-engine/parallel/tp_comm.h"
 
 typedef struct {
     const char *name;
@@ -52,8 +53,8 @@ static void version(void) {
 #else
     const char *cc = "gcc ";
 #endif
-    printf("built with CUDA: %s, NCCL: %s, compiler: %s%s\n", MV_HAVE_CUDA ? "yes" : "no", MV_HAVE_NCCL ? "yes" : "no",
-           cc, __VERSION__);
+    printf("built with CUDA: %s, NCCL: %s, MPI: %s, compiler: %s%s\n", MV_HAVE_CUDA ? "yes" : "no",
+           MV_HAVE_NCCL ? "yes" : "no", MV_HAVE_MPI ? "yes" : "no", cc, __VERSION__);
 }
 
 int main(int argc, char **argv) {
@@ -69,8 +70,10 @@ int main(int argc, char **argv) {
         version();
         return 0;
     }
+    // tp_comm_end: under mpirun (--tensor-parallel-size > 1) every rank ends
+    // MPI here, cleanly, or stops the others when they may still wait on it.
     for (int i = 0; i < N_COMMANDS; i++)
-        if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 1, argv + 1);
+        if (strcmp(argv[1], COMMANDS[i].name) == 0) return tp_comm_end(COMMANDS[i].run(argc - 1, argv + 1));
     fprintf(stderr, "minivllm: unknown %s '%s' (see minivllm --help)\n", argv[1][0] == '-' ? "option" : "command",
             argv[1]);
     return 2;

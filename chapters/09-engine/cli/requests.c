@@ -82,15 +82,34 @@ static int line_messages(const cli_requests_t *c, const cJSON *req, tok_ids_t *i
     return rc;
 }
 
-static const char *const LINE_KEYS[] = {"prompt",      "prompt_token_ids", "messages", "add_generation_prompt",
-                                        "enable_thinking", "max_tokens",   "temperature", "top_k",
-                                        "top_p",       "seed",             "ignore_eos", "stop",
-                                        "include_stop_str_in_output"};
+static const char *const LINE_KEYS[] = {
+    "prompt", "prompt_token_ids", "messages", "add_generation_prompt", "enable_thinking", "max_tokens",
+    "temperature", "top_k", "top_p", "seed", "ignore_eos", "stop", "include_stop_str_in_output", "stop_token_ids",
+    "skip_special_tokens", "n", "min_tokens", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "logprobs"};
 
 static void stop_free(engine_stop_t *s) {
     for (int i = 0; i < s->num_strs; i++) free((char *)s->strs[i]);
     free((void *)s->strs);
+    free((void *)s->ids);
     *s = (engine_stop_t){0};
+}
+
+// A deep copy of a request's stops (each of a line's n samples owns its own).
+static int stop_copy(engine_stop_t *dst, const engine_stop_t *src) {
+    *dst = *src;
+    dst->ids = NULL, dst->strs = NULL, dst->n = dst->num_strs = 0;
+    int32_t *ids = src->n ? malloc((size_t)src->n * sizeof *ids) : NULL;
+    char **strs = src->num_strs ? calloc(STOP_STR_MAX, sizeof *strs) : NULL;
+    dst->ids = ids, dst->strs = (const char *const *)strs;
+    if ((src->n && !ids) || (src->num_strs && !strs)) return mv_error("out of memory");
+    if (ids) memcpy(ids, src->ids, (size_t)src->n * sizeof *ids);
+    dst->n = src->n;
+    for (int i = 0; i < src->num_strs; i++) {
+        if (!(strs[i] = strdup(src->strs[i]))) return mv_error("out of memory");
+        dst->num_strs = i + 1;
+    }
+    return 0;
 }
 
 // "stop": a string or a list of up to STOP_STR_MAX non-empty strings ([] = none),
@@ -99,6 +118,24 @@ static int line_stop(const cli_requests_t *c, const cJSON *req, cli_request_t *r
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, "stop");
     const cJSON *inc = cJSON_GetObjectItemCaseSensitive(req, "include_stop_str_in_output");
     if (inc && !cJSON_IsBool(inc)) return mv_error("\"include_stop_str_in_output\" must be true or false");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "stop_token_ids");
+    if (ids && !cJSON_IsNull(ids)) {
+        if (!cJSON_IsArray(ids)) return mv_error("\"stop_token_ids\" must be a list of token ids");
+        const int m = cJSON_GetArraySize(ids);
+        int32_t *out = malloc((size_t)(m ? m : 1) * sizeof *out);
+        if (!out) return mv_error("out of memory");
+        r->stop.ids = out;
+        int k = 0;
+        for (const cJSON *e = ids->child; e; e = e->next, k++) {
+            if (!is_int(e, 0, c->vocab_size > 0 ? c->vocab_size - 1 : INT32_MAX))
+                return mv_error("\"stop_token_ids\"[%d] is not a token id%s", k, c->vocab_size > 0 ? " of the vocabulary" : "");
+            out[k] = (int32_t)e->valuedouble;
+        }
+        r->stop.n = m;
+    }
+    const cJSON *skip = cJSON_GetObjectItemCaseSensitive(req, "skip_special_tokens");
+    if (skip && !cJSON_IsBool(skip)) return mv_error("\"skip_special_tokens\" must be true or false");
+    r->stop.keep_special = skip && cJSON_IsFalse(skip);
     if (!v || cJSON_IsNull(v)) return 0;
     const int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
     if (n < 0 || n > STOP_STR_MAX)
@@ -152,6 +189,44 @@ static int line_params(const cli_requests_t *c, const cJSON *req, cli_request_t 
         if (!cJSON_IsBool(v)) return mv_error("\"ignore_eos\" must be true or false");
         r->params.ignore_eos = cJSON_IsTrue(v);
     }
+    // vLLM's other SamplingParams, with its names and ranges.
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "n"))) {
+        if (!is_int(v, 1, CLI_MAX_N)) return mv_error("\"n\" must be an integer in [1, %d]", CLI_MAX_N);
+        r->n = (int)v->valuedouble;
+    }
+    if (r->n > 1 && r->params.temperature == 0)
+        return mv_error("\"n\" > 1 with temperature 0: greedy samples are all the same (vLLM refuses it too)");
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "min_tokens"))) {
+        if (!is_int(v, 0, INT_MAX)) return mv_error("\"min_tokens\" must be an integer >= 0");
+        r->params.min_tokens = (int)v->valuedouble;
+    }
+    if (r->params.min_tokens > r->params.max_tokens)
+        return mv_error("\"min_tokens\" (%d) must be at most max_tokens (%d)", r->params.min_tokens, r->params.max_tokens);
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "min_p"))) {
+        if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 1))
+            return mv_error("\"min_p\" must be a number in [0, 1]");
+        r->params.min_p = (float)v->valuedouble;
+    }
+    static const struct {
+        const char *key;
+        double lo, hi;
+    } PEN[] = {{"presence_penalty", -2, 2}, {"frequency_penalty", -2, 2}, {"repetition_penalty", 0, 1e6}};
+    float *pen[] = {&r->params.presence_penalty, &r->params.frequency_penalty, &r->params.repetition_penalty};
+    for (int k = 0; k < 3; k++)
+        if ((v = cJSON_GetObjectItemCaseSensitive(req, PEN[k].key))) {
+            if (!cJSON_IsNumber(v) || !(v->valuedouble >= PEN[k].lo && v->valuedouble <= PEN[k].hi) ||
+                (k == 2 && !(v->valuedouble > 0)))
+                return mv_error(k == 2 ? "\"%s\" must be a number > 0 (1 = off)" : "\"%s\" must be a number in [-2, 2]",
+                                PEN[k].key);
+            *pen[k] = (float)v->valuedouble;
+        }
+    if ((v = cJSON_GetObjectItemCaseSensitive(req, "logprobs")) && !cJSON_IsNull(v)) {
+        if (!is_int(v, 0, SAMPLING_MAX_TOP_LOGPROBS))
+            return mv_error("\"logprobs\" must be an integer in [0, %d] (top ids returned beside the sampled one)",
+                            SAMPLING_MAX_TOP_LOGPROBS);
+        r->params.logprobs = 1;
+        r->params.top_logprobs = (int)v->valuedouble;
+    }
     return 0;
 }
 
@@ -181,15 +256,34 @@ int cli_requests_add_line(cli_requests_t *c, const char *line, size_t len, long 
     while (k < len && (line[k] == ' ' || line[k] == '\t')) k++;
     if (k == len) return 0;
     cJSON *req = cli_parse_json_line(line, len);
-    cli_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no};
+    cli_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .line_no = line_no, .n = 1};
     int rc = req ? parse_request(c, req, &r) : -1;
+    const int has_seed = req && cJSON_GetObjectItemCaseSensitive(req, "seed");
     cJSON_Delete(req);
-    if (!rc) rc = push_request(c, &r);
+    if (!rc) rc = push_request(c, &r);  // c owns r from here
     if (rc) {
         tok_ids_free(&r.prompt);
         stop_free(&r.stop);
-        mv_error_prefix("%s:%ld", c->path, line_no);
+        return mv_error_prefix("%s:%ld", c->path, line_no);
     }
+    // "n": the line's other samples are copies of it, sample j drawn with
+    // seed + j (vLLM's rule when the line gives a seed; without one, each
+    // has its own index's seed, as every other request).
+    const int first = c->n - 1;
+    for (int j = 1; !rc && j < r.n; j++) {
+        cli_request_t q = c->reqs[first];
+        q.sample = j;
+        q.seed = has_seed ? r.seed + (uint64_t)j : c->base_seed + (uint64_t)c->n;
+        q.prompt = (tok_ids_t){0};
+        for (size_t t = 0; !rc && t < r.prompt.len; t++) rc = tok_ids_push(&q.prompt, r.prompt.data[t]);
+        if (!rc) rc = stop_copy(&q.stop, &c->reqs[first].stop);
+        if (!rc) rc = push_request(c, &q);
+        if (rc) {
+            tok_ids_free(&q.prompt);
+            stop_free(&q.stop);
+        }
+    }
+    if (rc) mv_error_prefix("%s:%ld", c->path, line_no);
     return rc;
 }
 
@@ -203,7 +297,7 @@ int cli_requests_read(cli_requests_t *c, const char *path) {
 }
 
 int cli_requests_add_text(cli_requests_t *c, const char *text, int prompt_arg) {
-    cli_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .prompt_arg = prompt_arg};
+    cli_request_t r = {.params = c->defaults, .seed = c->base_seed + (uint64_t)c->n, .prompt_arg = prompt_arg, .n = 1};
     int rc = encode_text(c, text, &r.prompt);
     if (!rc && r.prompt.len == 0) rc = mv_error("the prompt is empty");
     if (!rc) rc = push_request(c, &r);

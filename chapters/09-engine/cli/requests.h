@@ -8,9 +8,14 @@
  *   "messages": [{"role": "user", "content": "..."}], and optionally
  *       "add_generation_prompt" (default true here) and "enable_thinking"
  * and optionally "max_tokens", "temperature", "top_k", "top_p", "seed",
- * "ignore_eos", over the command's defaults for that line, and "stop" (a
+ * "ignore_eos", over the command's defaults for that line, "stop" (a
  * string or a list of up to 4, vLLM's stop strings: they need the
- * tokenizer) with "include_stop_str_in_output". Blank lines are
+ * tokenizer) with "include_stop_str_in_output", "stop_token_ids",
+ * "skip_special_tokens", and vLLM's other SamplingParams under their names
+ * and ranges: "n" (the line becomes n requests, sample j drawn with seed +
+ * j), "min_tokens", "min_p", "presence_penalty", "frequency_penalty",
+ * "repetition_penalty", "logprobs" (an integer N: each token's
+ * log-probability and the N likeliest ids'). Blank lines are
  * skipped. Anything else (an unknown key, a value of the wrong type, an id
  * outside the vocabulary, an empty prompt) is an error naming the file, the
  * line and the key: "requests.jsonl:3: \"max_tokens\" must be an integer >= 1".
@@ -41,8 +46,14 @@ typedef struct {
     uint64_t seed;               // the line's "seed", else base_seed + the request's index
     long line_no;                // its line in the file (from 1); 0 for a --prompt
     int prompt_arg;              // which --prompt (from 0) when line_no is 0
-    engine_stop_t stop;          // the line's "stop" strings (num_strs 0 without; strs and its strings malloc'd)
+    engine_stop_t stop;          // the line's "stop" strings and "stop_token_ids" (none: 0 of each;
+                                 // malloc'd), "skip_special_tokens" false as keep_special
+    int n;                       // the line's "n": it is n requests in a row, samples 0 .. n - 1
+    int sample;                  // which of them this is (0 for a line without "n")
 } cli_request_t;
+
+// The largest "n" a line may ask for.
+#define CLI_MAX_N 64
 
 // The reader's settings (set by the caller) and the requests read so far.
 // Zero-initialise, set the settings, read; free with cli_requests_free.

@@ -45,6 +45,10 @@ int qwen3_layout_init(qwen3_layout_t *lo, const qwen3_config_t *c, int tp_size, 
         return mv_error_prefix("qkv_proj");
     if (tp_linear_merged_column(&lo->gate_up.tp, H, halves, 2, tp_size, tp_rank))
         return mv_error_prefix("gate_up_proj");
+    if (tp_linear_row(&lo->o_proj, c->num_attention_heads * c->head_dim, H, tp_size, tp_rank))
+        return mv_error_prefix("o_proj");
+    if (tp_linear_row(&lo->down, I, H, tp_size, tp_rank)) return mv_error_prefix("down_proj");
+    if (vocab_shard_init(&lo->vocab, c->vocab_size, tp_size, tp_rank)) return mv_error_prefix("embed_tokens");
     pieces_from_tp(&lo->qkv, "qkv_proj", qkv, c->attention_bias);
     pieces_from_tp(&lo->gate_up, "gate_up_proj", gate_up, 0);
     return 0;
@@ -72,42 +76,57 @@ const st_tensor_t *qwen3_source_bias(const qwen3_layer_weights_t *lw, qwen3_sour
     return NULL;
 }
 
-// Piece p of tensor t (rows of `cols` values; cols 0 for a bias, whose
-// "rows" are single values) into its rows of dst. A whole tensor (every
-// piece at tp_size 1) converts straight into place; a slice is converted
-// whole into a temporary first, since st_to_bf16 converts whole tensors.
-static int fill_piece(const qwen3_merged_t *m, const qwen3_piece_t *p, const st_tensor_t *t, int cols, bf16_t *dst) {
+// Piece p of tensor t (a weight [src_rows, cols], or a bias [src_rows] when
+// cols is 0) into its rows of dst, by chapter 03's loaders: the rows this
+// rank holds, read from the mapped tensor itself (st_bf16_view).
+static int fill_piece(const qwen3_merged_t *m, int part, const st_tensor_t *t, int cols, bf16_t *dst) {
     const int ndim = cols ? 2 : 1;
-    const size_t width = cols ? (size_t)cols : 1;
-    if (!t) return mv_error("%s: part %d has no tensor bound", m->name, (int)(p - m->piece));
+    const qwen3_piece_t *p = &m->piece[part];
+    if (!t) return mv_error("%s: part %d has no tensor bound", m->name, part);
     if (t->ndim != ndim || t->shape[0] != p->src_rows || (cols && t->shape[1] != cols)) {
         if (cols)
             return mv_error("%s: tensor %s is not [%d, %d] as the layout expects", m->name, t->name, p->src_rows,
                             cols);
         return mv_error("%s: tensor %s is not [%d] as the layout expects", m->name, t->name, p->src_rows);
     }
-    bf16_t *to = dst + (size_t)p->dst_row * width;
-    if (p->src_row == 0 && p->rows == p->src_rows) {
-        st_to_bf16(t, to);
-        return 0;
-    }
-    bf16_t *whole = malloc((size_t)st_numel(t) * sizeof *whole);
-    if (!whole) return mv_error("%s: out of host memory converting %s", m->name, t->name);
-    st_to_bf16(t, whole);
-    memcpy(to, whole + (size_t)p->src_row * width, (size_t)p->rows * width * sizeof *whole);
-    free(whole);
-    return 0;
+    bf16_t *owned = NULL;
+    const bf16_t *full = st_bf16_view(t, &owned);
+    if (!full) return mv_error_prefix("%s", m->name);
+    int rc = cols ? tp_linear_load(&m->tp, t->name, part, full, p->src_rows, cols, dst)
+                  : tp_linear_load_bias(&m->tp, t->name, part, full, p->src_rows, dst);
+    free(owned);
+    return rc ? mv_error_prefix("%s", m->name) : 0;
 }
 
 int qwen3_merged_fill(const qwen3_merged_t *m, const qwen3_layer_weights_t *lw, bf16_t *dst) {
     for (int p = 0; p < m->num_pieces; p++)
-        if (fill_piece(m, &m->piece[p], qwen3_source_weight(lw, m->piece[p].source), m->cols, dst)) return -1;
+        if (fill_piece(m, p, qwen3_source_weight(lw, m->piece[p].source), m->cols, dst)) return -1;
     return 0;
 }
 
 int qwen3_merged_fill_bias(const qwen3_merged_t *m, const qwen3_layer_weights_t *lw, bf16_t *dst) {
     if (!m->has_bias) return mv_error("%s: the layout has no bias (attention_bias is false)", m->name);
     for (int p = 0; p < m->num_pieces; p++)
-        if (fill_piece(m, &m->piece[p], qwen3_source_bias(lw, m->piece[p].source), 0, dst)) return -1;
+        if (fill_piece(m, p, qwen3_source_bias(lw, m->piece[p].source), 0, dst)) return -1;
     return 0;
+}
+
+int qwen3_row_fill(const tp_linear_t *l, const st_tensor_t *t, bf16_t *dst) {
+    if (t->ndim != 2) return mv_error("tensor %s has %d dims, expected 2", t->name, t->ndim);
+    bf16_t *owned = NULL;
+    const bf16_t *full = st_bf16_view(t, &owned);
+    if (!full) return -1;
+    int rc = tp_linear_load(l, t->name, 0, full, (int)t->shape[0], (int)t->shape[1], dst);
+    free(owned);
+    return rc;
+}
+
+int qwen3_vocab_fill(const vocab_shard_t *v, const st_tensor_t *t, int H, bf16_t *dst) {
+    if (t->ndim != 2) return mv_error("tensor %s has %d dims, expected 2", t->name, t->ndim);
+    bf16_t *owned = NULL;
+    const bf16_t *full = st_bf16_view(t, &owned);
+    if (!full) return -1;
+    int rc = vocab_shard_load(v, t->name, full, (int)t->shape[0], (int)t->shape[1], H, dst);
+    free(owned);
+    return rc;
 }

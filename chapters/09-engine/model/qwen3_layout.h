@@ -37,10 +37,22 @@
  * rows [1024, 2048) into [0, 1024), k_proj rows [512, 1024) into [1024,
  * 1536), v_proj rows [512, 1024) into [1536, 2048).
  *
- * Not merged, so not here: o_proj and down_proj (row-parallel in chapter
- * 03: a rank holds a slice of their columns), the norms and the embeddings.
+ * When tp exceeds nkv (a multiple of it), every rank holds the one KV head
+ * its query heads read, shared by tp/nkv ranks (chapter 03's kv_replicas,
+ * as vLLM does): tiny-qwen3-untied (1 KV head) at tp 2 gives each rank 2
+ * query heads and a copy of KV head 0.
  *
- * Build: part of build/libmv_model.a; calls chapter 03 (build/libmv_ch03.a).
+ * Not merged, but sharded too, and described here with the rest of a
+ * rank's share so that every backend reads one description: o_proj and
+ * down_proj (row-parallel in chapter 03: a rank holds a slice of their
+ * columns, the slice of the heads / the gate_up rows it computes), and the
+ * embedding and LM head (vocab-parallel in chapter 04: a rank holds V/tp
+ * rows). Every fill below goes through chapter 03's tp_linear_load and
+ * chapter 04's vocab_shard_load, reading only the rank's rows (or columns)
+ * of the mapped checkpoint tensor. The norms are whole on every rank.
+ *
+ * Build: part of build/libmv_model.a; calls chapter 03 (build/libmv_ch03.a)
+ * and chapter 04 (build/libmv_ch04.a).
  * Tests: tests/test_qwen3_layout.c.
  */
 #ifndef MV_QWEN3_LAYOUT_H
@@ -49,6 +61,7 @@
 #include <stddef.h>
 
 #include "chapters/03-linear-tp/linear_tp.h"
+#include "chapters/04-embedding/vocab_parallel.h"
 #include "chapters/09-engine/model/model_config.h"
 #include "chapters/09-engine/model/qwen3_weights.h"
 
@@ -85,8 +98,11 @@ typedef struct {
 
 typedef struct {
     int tp_size, tp_rank;
-    qwen3_merged_t qkv;      // [(nq + 2 nkv) hd / tp_size, H]
+    qwen3_merged_t qkv;      // [(nq/tp + 2 nkv_local) hd, H]  nkv_local = qkv.tp.kv_heads_local
     qwen3_merged_t gate_up;  // [2I / tp_size, H]
+    tp_linear_t o_proj;      // row-parallel: this rank's [H, nq/tp hd]
+    tp_linear_t down;        // row-parallel: this rank's [H, I/tp]
+    vocab_shard_t vocab;     // embed_tokens' and lm_head's rows of this rank: [vocab.local_rows, H]
 } qwen3_layout_t;
 
 // The layout of rank tp_rank of tp_size for config c (1, 0: unsharded).
@@ -107,6 +123,13 @@ const st_tensor_t *qwen3_source_bias(const qwen3_layer_weights_t *lw, qwen3_sour
 // piece, tp_size > 1, is converted whole first).
 int qwen3_merged_fill(const qwen3_merged_t *m, const qwen3_layer_weights_t *lw, bf16_t *dst);
 int qwen3_merged_fill_bias(const qwen3_merged_t *m, const qwen3_layer_weights_t *lw, bf16_t *dst);
+
+// This rank's columns of a row-parallel checkpoint tensor t (o_proj or
+// down_proj) into dst [l->out_local, l->in_local] (tp_linear_load).
+int qwen3_row_fill(const tp_linear_t *l, const st_tensor_t *t, bf16_t *dst);
+// This rank's rows of embed_tokens or lm_head into dst [v->local_rows, H],
+// padding rows zeroed (vocab_shard_load).
+int qwen3_vocab_fill(const vocab_shard_t *v, const st_tensor_t *t, int H, bf16_t *dst);
 
 #ifdef __cplusplus
 }

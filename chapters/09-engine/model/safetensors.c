@@ -92,6 +92,19 @@ void st_to_bf16(const st_tensor_t *t, bf16_t *dst) {
     }
 }
 
+const bf16_t *st_bf16_view(const st_tensor_t *t, bf16_t **owned) {
+    *owned = NULL;
+    if (t->dtype == ST_BF16 && (uintptr_t)t->data % sizeof(bf16_t) == 0) return t->data;
+    size_t n = (size_t)st_numel(t);
+    *owned = malloc((n ? n : 1) * sizeof **owned);
+    if (!*owned) {
+        mv_error("out of host memory converting %s to bf16 (%zu bytes)", t->name, n * sizeof **owned);
+        return NULL;
+    }
+    st_to_bf16(t, *owned);
+    return *owned;
+}
+
 // ---- growable tensor list -------------------------------------------------------------------
 
 typedef struct {

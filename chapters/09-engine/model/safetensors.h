@@ -108,6 +108,13 @@ int64_t st_numel(const st_tensor_t *t);   // product of the shape (1 for a scala
 // Copy t's elements into dst[st_numel(t)] as bf16: BF16 is copied, F16 and
 // F32 are converted with round-to-nearest-even (NaN stays NaN, Inf stays Inf).
 void st_to_bf16(const st_tensor_t *t, bf16_t *dst);
+// t's elements as bf16 without a copy where it can: a BF16 tensor whose data
+// is 2-byte aligned is returned as it lies in the mapping (*owned NULL), so
+// a tensor-parallel rank that copies out its slice touches only the pages
+// of that slice; anything else is converted whole into a malloc'd copy,
+// returned and left in *owned for the caller to free. NULL with mv_error()
+// when out of memory.
+const bf16_t *st_bf16_view(const st_tensor_t *t, bf16_t **owned);
 // IEEE half -> float, exact (every half is a float).
 float f16_to_float(uint16_t h);
 

@@ -38,7 +38,7 @@ const char *engine_output_finish_reason(const engine_output_t *o) {
 
 int engine_config_resolve(engine_config_t *c, const qwen3_config_t *m) {
     if (c->max_model_len < 0 || c->max_num_seqs < 0 || c->max_num_batched_tokens < 0 || c->block_size < 0 ||
-        c->num_blocks < 0 || c->kv_cache_bytes < 0 || c->num_threads < 0)
+        c->num_blocks < 0 || c->kv_cache_bytes < 0 || c->num_threads < 0 || c->tp_size < 0)
         return mv_error("engine: sizes must be >= 0 (0 = the default)");
     if (c->gpu_memory_utilization == 0) c->gpu_memory_utilization = 0.9f;
     if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1))
@@ -109,7 +109,8 @@ static runner_config_t runner_config_from(const engine_config_t *c) {
                              .num_blocks = c->num_blocks,
                              .num_threads = c->num_threads,
                              .gpu_memory_utilization = c->gpu_memory_utilization,
-                             .enforce_eager = c->enforce_eager};
+                             .enforce_eager = c->enforce_eager,
+                             .tp_size = c->tp_size};
 }
 
 int engine_memory_estimate(const engine_config_t *c, const qwen3_config_t *m, engine_memory_t *out) {
@@ -251,6 +252,7 @@ void engine_outputs_free(engine_output_t *outputs, int n) {
         free(outputs[i].error);
         free(outputs[i].text);
         free(outputs[i].stop_str);
+        free(outputs[i].logprobs);
         outputs[i] = (engine_output_t){0};
     }
 }
@@ -276,14 +278,19 @@ typedef struct {
     stop_text_t *text;          // with stop strings: the decoded text they are checked on, else NULL
     char *failed;               // why it could not go on (set in the step it failed), else NULL
     double arrival_s, first_token_s;  // since the core began (first_token_s 0 until then)
+    engine_logprob_t *lps;      // [lps_cap] with params.logprobs: lps[i] of generated token i
+    int lps_cap;
 } core_req_t;
 
 struct engine_core {
     engine_t *e;
     engine_core_hooks_t hooks;
     scheduler_t sched;
-    sampling_scratch_t sampler;  // the host's sampling scratch, when the host samples
-    float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or on_logits wants them
+    sampler_scratch_t sampler;   // the host's sampling scratch: when the host samples, or a row needs it
+    int32_t *stop_ids;           // [num_eos + the longest stop_token_ids] a row's ids masked by min_tokens
+    int stop_ids_cap;
+    float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or reads a row
+                       // (on_logits, or a row that needs the host sampler: sampler_needs_host)
     int32_t *sampled;  // [max_num_seqs]
     // the sampled rows' parameters, for a runner that samples on its device
     float *temperature, *top_p;  // [max_num_seqs]
@@ -298,6 +305,7 @@ static void core_req_free(core_req_t *r) {
     if (!r) return;
     free(r->stop_ids);
     free(r->failed);
+    free(r->lps);
     if (r->text) stop_text_free(r->text);
     free(r->text);
     free(r);
@@ -318,7 +326,7 @@ int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_cor
         return -1;
     }
     const int on_device = model_runner_samples_on_device(e->runner);
-    if (!on_device) rc = sampling_scratch_init(&c->sampler, e->model.vocab_size);
+    if (!on_device) rc = sampler_scratch_init(&c->sampler, e->model.vocab_size);
     const size_t Sm = (size_t)e->cfg.max_num_seqs;
     // Host logits [max_num_seqs, vocab] fp32 (256 x 151936 x 4 = 156 MB on
     // cuda's defaults): only when the host reads them, i.e. the host samples
@@ -356,7 +364,8 @@ void engine_core_free(engine_core_t *c) {
     free_held(c->sched.running, c->sched.num_running);
     free_held(c->sched.finished, c->sched.num_finished);
     scheduler_free(&c->sched);
-    sampling_scratch_free(&c->sampler);
+    sampler_scratch_free(&c->sampler);
+    free(c->stop_ids);
     free(c->logits);
     free(c->sampled);
     free(c->temperature), free(c->top_p), free(c->top_k), free(c->seed), free(c->gen_index);
@@ -396,6 +405,7 @@ int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_st
             core_req_free(q);
             return -1;
         }
+        q->text->min_tokens = r->params.min_tokens;
     }
     int64_t got;
     if (scheduler_add_request_user(&c->sched, r->prompt, r->num_prompt, &r->params, q, &got, NULL)) {
@@ -425,6 +435,11 @@ static int collect_finished(engine_core_t *c) {
             }
             memcpy(o.token_ids, q->tokens + q->num_prompt_tokens, (size_t)g * sizeof(int32_t));
             o.num_tokens = g;
+            if (r->params.logprobs) {  // the output owns them now (lps[0, g) filled, one per token)
+                o.logprobs = r->lps;
+                r->lps = NULL;
+                if (g > 0 && !o.logprobs) rc = mv_error("engine: request has no logprobs");
+            }
             o.finish_reason = q->finish_reason;
             o.stop_token_id = -1;
             // A stop_token_ids entry cut max_tokens to end the request there: it
@@ -508,12 +523,65 @@ static int fail_request(sequence_t *q, int32_t *sampled, const char *why) {
     return 0;
 }
 
+static int is_eos(const engine_core_t *c, int32_t token);
+
+// The host sampler's buffers, made on first use on a runner that samples on
+// its device (most requests never need them there): the scratch and the
+// host logits [max_num_seqs, vocab].
+static int host_sampler_ready(engine_core_t *c) {
+    const int V = c->e->model.vocab_size;
+    if (!c->sampler.ref.order && sampler_scratch_init(&c->sampler, V)) return -1;
+    if (!c->logits && !(c->logits = malloc((size_t)c->e->cfg.max_num_seqs * (size_t)V * sizeof(float))))
+        return mv_error("engine: out of memory for the host logits");
+    return 0;
+}
+
+// Sample row k (sequence q) on the host from its logits: min_tokens, the
+// penalties, min_p and logprobs included (sampler_sample_seq). The draw is
+// keyed by (request seed, gen_index), as the device's: the same token it
+// would have drawn for a plain row. A failure ends this request only.
+static int sample_row_on_host(engine_core_t *c, sequence_t *q, float *row, int32_t *out) {
+    core_req_t *r = q->user;
+    const int64_t gen_index = sequence_num_generated(q);
+    // The ids min_tokens masks: the eos ids (unless ignore_eos) and the request's stop ids.
+    int n_stop = 0;
+    if (gen_index < r->params.min_tokens) {
+        const int need = c->e->sched_cfg.num_eos + r->num_stop_ids;
+        if (need > c->stop_ids_cap) {
+            int32_t *ids = realloc(c->stop_ids, (size_t)need * sizeof *ids);
+            if (!ids) return mv_error("engine: out of memory");
+            c->stop_ids = ids;
+            c->stop_ids_cap = need;
+        }
+        for (int i = 0; !r->params.ignore_eos && i < c->e->sched_cfg.num_eos; i++)
+            c->stop_ids[n_stop++] = c->e->sched_cfg.eos_ids[i];
+        for (int i = 0; i < r->num_stop_ids; i++) c->stop_ids[n_stop++] = r->stop_ids[i];
+    }
+    engine_logprob_t *lp = NULL;
+    if (r->params.logprobs) {
+        if (gen_index >= r->lps_cap) {
+            const int cap = r->lps_cap ? 2 * r->lps_cap : 16;
+            engine_logprob_t *lps = realloc(r->lps, (size_t)(cap > gen_index ? cap : gen_index + 1) * sizeof *lps);
+            if (!lps) return mv_error("engine: out of memory for logprobs");
+            r->lps = lps;
+            r->lps_cap = cap > gen_index ? cap : (int)gen_index + 1;
+        }
+        lp = &r->lps[gen_index];
+    }
+    const sampler_seq_t seq = {q->tokens, q->num_prompt_tokens, q->num_tokens, c->stop_ids, n_stop};
+    if (sampler_sample_seq(&c->sampler, row, &r->params, r->seed, &seq, out, lp))
+        return fail_request(q, out, mv_last_error());
+    return 0;
+}
+
 // One step on a runner that samples on its device: the sampled rows'
 // parameters go with the step, ids come back (and the logits when on_logits
-// wants them). The key of a row's draw is (request seed, gen_index = tokens
-// the request had generated), the same key the host path draws with.
+// wants them, or a row needs the host sampler: sampler_needs_host). The key
+// of a row's draw is (request seed, gen_index = tokens the request had
+// generated), the same key the host path draws with.
 static int step_on_device(engine_core_t *c, const sched_step_t *st) {
     const int V = c->e->model.vocab_size;
+    int any_host = 0;
     for (int k = 0; k < st->num_sample; k++) {
         const sequence_t *q = st->seqs[st->sample_rows[k]];
         const core_req_t *r = q->user;
@@ -522,20 +590,27 @@ static int step_on_device(engine_core_t *c, const sched_step_t *st) {
         c->top_p[k] = r->params.top_p;
         c->seed[k] = r->seed;
         c->gen_index[k] = sequence_num_generated(q);
+        any_host |= sampler_needs_host(&r->params, c->gen_index[k]);
     }
+    if (any_host && host_sampler_ready(c)) return -1;
     runner_step_t in = runner_step_from(st);
     runner_sampling_t sp = {c->temperature, c->top_k, c->top_p, c->seed, c->gen_index};
-    if (model_runner_step_sample(c->e->runner, &in, &sp, c->sampled, c->hooks.on_logits ? c->logits : NULL))
+    if (model_runner_step_sample(c->e->runner, &in, &sp, c->sampled,
+                                 c->hooks.on_logits || any_host ? c->logits : NULL))
         return mv_error_prefix("step %lld", c->st.num_steps);
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
         const core_req_t *r = q->user;
-        if (c->hooks.on_logits)
-            c->hooks.on_logits(c->hooks.ctx, r->user, sequence_num_generated(q), c->logits + (size_t)k * V, V);
-        if (c->sampled[k] == RUNNER_ROW_FAILED &&
-            fail_request(q, &c->sampled[k],
-                         "the logits have no finite value (all NaN or -inf, or a +inf): the request cannot go on"))
+        float *row = c->logits ? c->logits + (size_t)k * V : NULL;
+        if (c->hooks.on_logits) c->hooks.on_logits(c->hooks.ctx, r->user, sequence_num_generated(q), row, V);
+        if (c->sampled[k] == RUNNER_ROW_FAILED) {
+            if (fail_request(q, &c->sampled[k],
+                             "the logits have no finite value (all NaN or -inf, or a +inf): the request cannot go on"))
+                return -1;
+        } else if (sampler_needs_host(&r->params, sequence_num_generated(q)) &&
+                   sample_row_on_host(c, q, row, &c->sampled[k])) {
             return -1;
+        }
     }
     return 0;
 }
@@ -547,14 +622,11 @@ static int sample_on_host(engine_core_t *c, const sched_step_t *st) {
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
         const core_req_t *r = q->user;
-        const float *row = c->logits + (size_t)k * V;
-        const int64_t gen_index = sequence_num_generated(q);
-        if (c->hooks.on_logits) c->hooks.on_logits(c->hooks.ctx, r->user, (int)gen_index, row, V);
+        float *row = c->logits + (size_t)k * V;
+        if (c->hooks.on_logits) c->hooks.on_logits(c->hooks.ctx, r->user, sequence_num_generated(q), row, V);
         // The parameters were checked when the request was added: a
         // failure here is this row's logits, and ends this request only.
-        if (sampler_sample(&c->sampler, row, &r->params, r->seed, gen_index, &c->sampled[k]) &&
-            fail_request(q, &c->sampled[k], mv_last_error()))
-            return -1;
+        if (sample_row_on_host(c, q, row, &c->sampled[k])) return -1;
     }
     return 0;
 }
@@ -621,7 +693,8 @@ int engine_core_step(engine_core_t *c) {
         const sequence_t *q = st->seqs[st->sample_rows[k]];
         const core_req_t *r = q->user;
         const int stop = q->status == SEQ_FINISHED && (q->finish_reason == FINISH_EOS || r->stop_hit >= 0);
-        if (!r->failed) c->hooks.on_token(c->hooks.ctx, r->user, c->sampled[k], stop);
+        const engine_logprob_t *lp = r->params.logprobs ? &r->lps[sequence_num_generated(q) - 1] : NULL;
+        if (!r->failed) c->hooks.on_token(c->hooks.ctx, r->user, c->sampled[k], stop, lp);
     }
     int rc = collect_finished(c);
     c->st.host_s += now_s() - t_post;
@@ -647,9 +720,9 @@ static int run_on_finished(void *ctx, void *user, engine_output_t *o) {
     return run->hooks->on_finished ? run->hooks->on_finished(run->hooks->ctx, (int)i, &run->outputs[i]) : 0;
 }
 
-static void run_on_token(void *ctx, void *user, int32_t token, int stop) {
+static void run_on_token(void *ctx, void *user, int32_t token, int stop, const engine_logprob_t *lp) {
     const run_t *run = ctx;
-    run->hooks->on_token(run->hooks->ctx, (int)(intptr_t)user, token, stop);
+    run->hooks->on_token(run->hooks->ctx, (int)(intptr_t)user, token, stop, lp);
 }
 
 static void run_on_logits(void *ctx, void *user, int gen_index, const float *logits, int vocab) {

@@ -53,6 +53,7 @@
 #include "chapters/08-scheduler/sched/scheduler.h"
 #include "chapters/09-engine/model/model_config.h"
 #include "chapters/09-engine/runtime/model_runner.h"
+#include "chapters/09-engine/runtime/sampler.h"
 #include "chapters/09-engine/text/stop_str.h"
 #include "chapters/09-engine/text/tokenizer.h"
 
@@ -87,6 +88,9 @@ typedef struct {
     int random_weights;          // 1: no weights file; seeded random ones for config.json's shapes
                                  //    (qwen3_weights_random, std 0.02): for timing, not for text
     uint64_t weights_seed;       // the seed of random_weights
+    int tp_size;                 // tensor-parallel ranks (--tensor-parallel-size), 0 = 1; > 1: one process
+                                 // per rank under mpirun, cpu only so far (model_runner.h); the memory
+                                 // estimate is then one rank's share
 } engine_config_t;
 
 // The defaults above (prefix caching on).
@@ -111,6 +115,9 @@ typedef struct {
     int include_str;            // include_stop_str_in_output
     int keep_special;           // 1: special tokens count in the text (skip_special_tokens false)
 } engine_stop_t;
+
+// A sampled token's log-probability and the likeliest ids' (sampling_params_t.logprobs).
+typedef sampler_logprob_t engine_logprob_t;
 
 typedef struct {
     const int32_t *prompt;       // [num_prompt] token ids
@@ -141,6 +148,7 @@ typedef struct {
     char *text;                  // [text_len] with stop strings: the decoded text (the stop id's left
     size_t text_len;             // out), cut at the stop string; else NULL (malloc'd, NUL-terminated)
     char *stop_str;              // the stop string that ended it (finish_reason "stop"), else NULL (malloc'd)
+    engine_logprob_t *logprobs;  // [num_tokens] with params.logprobs, else NULL (malloc'd)
 } engine_output_t;
 
 typedef struct engine {
@@ -184,8 +192,9 @@ typedef struct {
                                         // (a signal handler sets it: no work in the handler)
     void *ctx;                          // passed to the hooks
     // Optional: each sampled token of request `request`, as the core's
-    // on_token (stop = 1: an eos / stop_token_ids id, whose text is left out).
-    void (*on_token)(void *ctx, int request, int32_t token, int stop);
+    // on_token (stop = 1: an eos / stop_token_ids id, whose text is left out;
+    // lp: its log-probabilities with params.logprobs, else NULL).
+    void (*on_token)(void *ctx, int request, int32_t token, int stop, const engine_logprob_t *lp);
 } engine_hooks_t;
 
 // engine_run's result when it stopped at hooks->stop before every request finished.
@@ -258,8 +267,9 @@ typedef struct {
     // Each sampled token of the request `user`, when the step that sampled
     // it is done; before that request's on_finished. stop = 1: this token
     // ended the request as a stop (an eos id, or one of its stop_token_ids),
-    // whose text vLLM leaves out of the output. Optional.
-    void (*on_token)(void *ctx, void *user, int32_t token, int stop);
+    // whose text vLLM leaves out of the output. lp: the token's
+    // log-probabilities when the request asked for logprobs, else NULL. Optional.
+    void (*on_token)(void *ctx, void *user, int32_t token, int stop, const engine_logprob_t *lp);
     // The request is over (finished, failed alone, or aborted: out->finish_reason
     // FINISH_ABORTED). The hook owns out's arrays (move them or
     // engine_outputs_free(out, 1)), whatever it returns; -1 (with mv_error())

@@ -47,25 +47,32 @@ size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runne
 
 // The buffers of runner_cpu.c's cpu_create, one term per buffer, in its
 // order (weights, then per layer, then scratch): the CPU estimate is exact,
-// and tests/test_engine_cpu.c holds it to what cpu_create reports.
+// and tests/test_engine_cpu.c holds it to what cpu_create reports. With
+// tp_size > 1 it is one rank's share (every rank's is the same size: V, I
+// and the query heads split evenly, the KV heads split or copied), and the
+// CPU scratch adds the LM head's logits of this rank and all ranks' gathered.
 int model_runner_memory_estimate(const qwen3_config_t *c, const runner_config_t *rc, runner_memory_t *out) {
     *out = (runner_memory_t){0};
+    const int tp = rc->tp_size > 1 ? rc->tp_size : 1;
     qwen3_layout_t lo;
-    if (qwen3_layout_init(&lo, c, 1, 0)) return -1;
+    if (qwen3_layout_init(&lo, c, tp, 0)) return tp > 1 ? mv_error_prefix("--tensor-parallel-size %d", tp) : -1;
     const int cpu = rc->device == RUNNER_DEVICE_CPU;
-    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size, I = (size_t)c->intermediate_size;
+    const size_t H = (size_t)c->hidden_size, V = (size_t)lo.vocab.local_rows, I = (size_t)lo.down.in_local;
     const size_t hd = (size_t)c->head_dim, L = (size_t)c->num_hidden_layers;
-    const size_t qn = (size_t)c->num_attention_heads * hd;
+    const size_t qn = (size_t)lo.o_proj.in_local;
     const size_t qkv = (size_t)lo.qkv.rows, gate_up = (size_t)lo.gate_up.rows;
     const size_t b16 = sizeof(bf16_t), f32 = sizeof(float), norm = cpu ? f32 : b16;
     size_t w = V * H * b16 + (c->tie_word_embeddings ? 0 : V * H * b16) + H * norm;
     size_t layer = 2 * H * norm + 2 * hd * norm + (qkv * H + H * qn + gate_up * H + H * I) * b16;
     if (lo.qkv.has_bias) layer += (qkv + H) * b16;
     out->weight_bytes = w + L * layer;
-    out->kv_cache_bytes = (size_t)rc->num_blocks * model_runner_block_bytes(c, rc->block_size, rc->device);
+    // This rank's KV heads only: the model's block bytes scaled to them.
+    out->kv_cache_bytes = (size_t)rc->num_blocks * model_runner_block_bytes(c, rc->block_size, rc->device) /
+                          (size_t)c->num_key_value_heads * (size_t)lo.qkv.tp.kv_heads_local;
     const size_t Tm = (size_t)rc->max_num_batched_tokens, Sm = (size_t)rc->max_num_seqs;
     if (cpu)
-        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * f32 + Sm * H * f32 + (Sm + 1) * sizeof(int32_t);
+        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * f32 + Sm * H * f32 + (Sm + 1) * sizeof(int32_t) +
+                             (tp > 1 ? (1 + (size_t)tp) * Sm * V * f32 : 0);
     else  // the same activations in bf16, and the logits of every row in fp32: a lower bound for cuda
         out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * b16 + Sm * V * f32;
     out->rope_bytes = (size_t)rc->max_model_len * hd * f32;
@@ -156,6 +163,105 @@ static int validate_config(const runner_config_t *rc, const qwen3_config_t *c) {
     return 0;
 }
 
+// ---- tensor parallelism: the ranks' sizes, and one step on the wire ----------------------------
+
+// Before anything is loaded: the backend, and the sizes tp must divide
+// (chapter 03's and 04's rules, through qwen3_layout_init, name the size).
+static int validate_tp(const runner_config_t *rc, const qwen3_config_t *c) {
+    const int tp = rc->tp_size > 1 ? rc->tp_size : 1;
+    if (rc->tp_size < 0 || rc->tp_size > 64)
+        return mv_error("--tensor-parallel-size %d must be in [1, 64]", rc->tp_size);
+    if (tp > 1 && rc->device != RUNNER_DEVICE_CPU)
+        return mv_error("--tensor-parallel-size %d: the %s backend runs with --tensor-parallel-size 1 only so far; "
+                        "the NCCL path is issue 17's GPU half (use --device cpu)",
+                        tp, model_runner_device_name(rc->device));
+    qwen3_layout_t lo;
+    if (qwen3_layout_init(&lo, c, tp, 0)) return mv_error_prefix("--tensor-parallel-size %d", tp);
+    return 0;
+}
+
+// Rank 0's sizes to every rank, which must have the same: each rank parsed
+// its own command line, and a rank whose cache or batch were another size
+// would index rank 0's block tables out of its bounds.
+static int same_sizes_as_rank0(const model_runner_t *r, char *why, size_t cap) {
+    if (r->tp.size == 1) return 0;
+    const runner_config_t *rc = &r->rc;
+    const qwen3_config_t *c = &r->cfg;
+    enum { N = 14 };
+    const int32_t mine[N] = {(int32_t)rc->device,   rc->max_num_batched_tokens, rc->max_num_seqs, rc->max_model_len,
+                             rc->block_size,        rc->num_blocks,             rc->tp_size,      c->hidden_size,
+                             c->num_hidden_layers,  c->num_attention_heads,     c->num_key_value_heads, c->head_dim,
+                             c->intermediate_size,  c->vocab_size};
+    int32_t rank0[N];
+    memcpy(rank0, mine, sizeof mine);
+    if (tp_comm_bcast(&r->tp, rank0, sizeof rank0, 0)) {
+        snprintf(why, cap, "%s", mv_last_error());
+        return -1;
+    }
+    if (memcmp(rank0, mine, sizeof mine) == 0) return 0;
+    snprintf(why, cap, "its model or engine sizes differ from rank 0's (model, --max-model-len, --max-num-seqs, "
+                       "--max-num-batched-tokens, --block-size, --num-blocks, --kv-cache-gib): launch every rank "
+                       "with the same command line and model");
+    return -1;
+}
+
+// What rank 0 broadcasts before each step: a header of int32s, then (for a
+// step) the step's arrays packed one after the other in one int32 buffer.
+enum { TP_MSG_STEP = 1, TP_MSG_STOP = 2 };
+enum { TP_HEAD_KIND, TP_HEAD_T, TP_HEAD_S, TP_HEAD_SAMPLE, TP_HEAD_MAXB, TP_HEAD_N };
+
+// int32s of a step's arrays: input_ids, positions, slot_mapping [T];
+// cu_seqlens_q [S + 1]; context_lens [S]; block_tables [S, maxb]; sample_token_index [num_sample].
+static size_t wire_count(int T, int S, int ns, int maxb) {
+    return 3 * (size_t)T + (size_t)S + 1 + (size_t)S + (size_t)S * (size_t)maxb + (size_t)ns;
+}
+
+static int wire_reserve(model_runner_t *r, size_t n) {
+    if (n <= r->wire_cap) return 0;
+    int32_t *w = realloc(r->wire, n * sizeof *w);
+    if (!w) return mv_error("model runner: out of host memory for a step's broadcast (%zu bytes)", n * sizeof *w);
+    r->wire = w;
+    r->wire_cap = n;
+    return 0;
+}
+
+// One array into the wire at `at`; returns where the next one goes.
+static int32_t *wire_put(int32_t *at, const int32_t *a, size_t n) {
+    if (n) memcpy(at, a, n * sizeof *at);
+    return at + n;
+}
+
+// The step's arrays as views into a received wire (the order wire_put packed them).
+static void wire_views(int32_t *w, int T, int S, int ns, int maxb, runner_step_t *in) {
+    *in = (runner_step_t){T, S, ns, maxb, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    in->input_ids = w, w += T;
+    in->positions = w, w += T;
+    in->slot_mapping = w, w += T;
+    in->cu_seqlens_q = w, w += S + 1;
+    in->context_lens = w, w += S;
+    in->block_tables = w, w += (size_t)S * maxb;
+    in->sample_token_index = w;
+}
+
+// Rank 0: the step to every other rank.
+static int send_step(model_runner_t *r, const runner_step_t *in) {
+    const int T = in->num_tokens, S = in->num_seqs, ns = in->num_sample, maxb = in->max_blocks_per_seq;
+    int32_t head[TP_HEAD_N] = {TP_MSG_STEP, T, S, ns, maxb};
+    size_t n = wire_count(T, S, ns, maxb);
+    if (wire_reserve(r, n)) return -1;
+    int32_t *at = r->wire;
+    at = wire_put(at, in->input_ids, (size_t)T);
+    at = wire_put(at, in->positions, (size_t)T);
+    at = wire_put(at, in->slot_mapping, (size_t)T);
+    at = wire_put(at, in->cu_seqlens_q, (size_t)S + 1);
+    at = wire_put(at, in->context_lens, (size_t)S);
+    at = wire_put(at, in->block_tables, (size_t)S * maxb);
+    wire_put(at, in->sample_token_index, (size_t)ns);
+    if (tp_comm_bcast(&r->tp, head, sizeof head, 0) || tp_comm_bcast(&r->tp, r->wire, n * sizeof *r->wire, 0))
+        return -1;
+    return 0;
+}
+
 int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, const runner_config_t *rc,
                         model_runner_t **out) {
     *out = NULL;
@@ -168,26 +274,55 @@ int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, co
     else b = &RUNNER_BACKEND_CUDA;
 #endif
     if (!b) return mv_error("model runner: unknown device %d", (int)rc->device);
-    if (validate_config(rc, cfg)) return -1;
+    if (validate_config(rc, cfg) || validate_tp(rc, cfg)) return -1;
     model_runner_t *r = calloc(1, sizeof *r);
     if (!r) return mv_error("model runner: out of host memory");
     r->cfg = *cfg;
     r->rc = *rc;
     r->backend = b;
-    if (b->create(r, weights)) {
+    if (tp_comm_open(rc->tp_size > 1 ? rc->tp_size : 1, &r->tp)) {
+        free(r);
+        return -1;
+    }
+    // From here on every rank reaches the agreement below, whatever fails on
+    // it: a rank that returned early would leave the others waiting there.
+    char why_not[1024] = "";
+    int ok = same_sizes_as_rank0(r, why_not, sizeof why_not) == 0;
+    if (ok && b->create(r, weights)) {
         mv_error_prefix("model runner (%s)", b->name);
+        snprintf(why_not, sizeof why_not, "%s", mv_last_error());
+        ok = 0;
+    }
+    if (tp_comm_agree(&r->tp, ok, why_not, NULL)) {
         model_runner_free(r);
         return -1;
     }
+    r->followers_waiting = r->tp.size > 1 && r->tp.rank == 0;
+    // The wire sized once for the widest step the scheduler makes (block
+    // tables as wide as max_model_len needs), so that steps allocate nothing.
+    const int maxb = (rc->max_model_len + rc->block_size - 1) / rc->block_size;
+    if (r->tp.size > 1 &&
+        wire_reserve(r, wire_count(rc->max_num_batched_tokens, rc->max_num_seqs, rc->max_num_seqs, maxb)))
+        tp_comm_abort(&r->tp, 1, mv_last_error());
     *out = r;
     return 0;
 }
 
 void model_runner_free(model_runner_t *r) {
     if (!r) return;
+    if (r->followers_waiting) {
+        // The stop message: a header of kind TP_MSG_STOP.
+        int32_t head[TP_HEAD_N] = {TP_MSG_STOP};
+        if (tp_comm_bcast(&r->tp, head, sizeof head, 0)) tp_comm_abort(&r->tp, 1, mv_last_error());
+        r->followers_waiting = 0;
+        tp_comm_mark_settled();
+    }
     if (r->backend) r->backend->destroy(r);
+    free(r->wire);
     free(r);
 }
+
+int model_runner_tp_rank(const model_runner_t *r) { return r->tp.rank; }
 
 // The step's checks, shared by model_runner_step and model_runner_step_sample.
 static int validate_step(const model_runner_t *r, const runner_step_t *in) {
@@ -218,7 +353,36 @@ static int validate_step(const model_runner_t *r, const runner_step_t *in) {
 int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits) {
     if (validate_step(r, in)) return -1;
     if (in->num_tokens == 0) return 0;
-    return r->backend->step(r, in, logits);
+    if (r->tp.size == 1) return r->backend->step(r, in, logits);
+    if (r->tp.rank != 0) return mv_error("model runner: rank %d follows rank 0's steps (model_runner_follow)", r->tp.rank);
+    // Once the step is sent, the other ranks are inside it: a failure from
+    // here on cannot be returned to a caller that would go on without them.
+    if (send_step(r, in) || r->backend->step(r, in, logits)) tp_comm_abort(&r->tp, 1, mv_last_error());
+    return 0;
+}
+
+int model_runner_follow(model_runner_t *r) {
+    if (r->tp.rank == 0) return mv_error("model runner: rank 0 runs the steps; only the other ranks follow");
+    for (;;) {
+        int32_t head[TP_HEAD_N];
+        if (tp_comm_bcast(&r->tp, head, sizeof head, 0)) tp_comm_abort(&r->tp, 1, mv_last_error());
+        if (head[TP_HEAD_KIND] == TP_MSG_STOP) {
+            tp_comm_mark_settled();
+            return 0;
+        }
+        const int T = head[TP_HEAD_T], S = head[TP_HEAD_S], ns = head[TP_HEAD_SAMPLE], maxb = head[TP_HEAD_MAXB];
+        runner_step_t in;
+        if (head[TP_HEAD_KIND] != TP_MSG_STEP || T < 0 || S < 0 || ns < 0 || maxb < 0 ||
+            T > r->rc.max_num_batched_tokens || S > r->rc.max_num_seqs)
+            tp_comm_abort(&r->tp, 1, "model runner: a message from rank 0 that is not a step");
+        size_t n = wire_count(T, S, ns, maxb);
+        if (wire_reserve(r, n) || tp_comm_bcast(&r->tp, r->wire, n * sizeof *r->wire, 0))
+            tp_comm_abort(&r->tp, 1, mv_last_error());
+        wire_views(r->wire, T, S, ns, maxb, &in);
+        // Rank 0 checked it; checking again costs little and keeps a bad
+        // message from indexing this rank's cache out of bounds.
+        if (validate_step(r, &in) || r->backend->step(r, &in, NULL)) tp_comm_abort(&r->tp, 1, mv_last_error());
+    }
 }
 
 int model_runner_samples_on_device(const model_runner_t *r) { return r->backend->step_sample != NULL; }
@@ -230,7 +394,7 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
                         r->backend->name);
     if (validate_step(r, in)) return -1;
     for (int k = 0; k < in->num_sample; k++) {
-        sampling_params_t p = {sp->temperature[k], sp->top_k[k], sp->top_p[k], 1, 0};
+        sampling_params_t p = {.temperature = sp->temperature[k], .top_k = sp->top_k[k], .top_p = sp->top_p[k], .max_tokens = 1, .ignore_eos = 0};
         if (sampler_validate_params(&p)) return mv_error_prefix("model runner: sampled row %d", k);
         if (sp->gen_index[k] < 0) return mv_error("model runner: sampled row %d: gen_index %lld < 0", k,
                                                   (long long)sp->gen_index[k]);

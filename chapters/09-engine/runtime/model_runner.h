@@ -32,8 +32,16 @@
  *     step_sample, which returns only the sampled ids (4 bytes a row
  *     instead of 4 * vocab) and the logits only when asked for.
  *
- * Library code: 0 / -1 with mv_error(), never exits.
- * Tested by tests/test_engine_cpu.c against Hugging Face's greedy outputs;
+ * Tensor parallelism (rc.tp_size > 1, one process per rank under mpirun,
+ * the CPU backend so far): rank 0's engine calls model_runner_step as at
+ * tp 1, and the step goes to the other ranks before the backend runs it;
+ * they sit in model_runner_follow. The backend shards the model and adds
+ * the partial sums over parallel/tp_comm.h (docs/09-parallel.md).
+ *
+ * Library code: 0 / -1 with mv_error(), never exits (except the tp_comm_abort
+ * of a tensor-parallel step that fails once the other ranks are inside it).
+ * Tested by tests/test_engine_cpu.c against Hugging Face's greedy outputs
+ * (tests/test_tp_mpi.c at tp 2 and 4);
  * the cuda backend (runner_cuda.c) by build/engine_check on a GPU.
  */
 #ifndef MV_MODEL_RUNNER_H
@@ -44,6 +52,7 @@
 
 #include "chapters/09-engine/model/model_config.h"
 #include "chapters/09-engine/model/safetensors.h"
+#include "chapters/09-engine/parallel/tp_comm.h"
 #include "reference/rope.h"
 
 #ifdef __cplusplus
@@ -66,6 +75,8 @@ typedef struct {
                                    // (weights + scratch + KV cache), in (0, 1]; 0 = 0.9
     int enforce_eager;           // cuda: 1 = launch decode steps kernel by kernel instead of
                                  // replaying CUDA graphs captured at creation (--enforce-eager)
+    int tp_size;                 // tensor-parallel ranks, one process each (mpirun); 0 or 1 = one.
+                                 // cpu only so far; sizes are then this rank's share
 } runner_config_t;
 
 // One step's inputs: the scheduler's sched_step_t, minus what only the
@@ -128,6 +139,10 @@ struct model_runner {
     int num_graphs;                   // cuda: decode CUDA graphs captured (0 with enforce_eager)
     double graph_seconds;             // cuda: time their warm-up and capture took at creation
     size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
+    tp_comm_t tp;                     // the tensor-parallel ranks (size 1: this process alone)
+    int followers_waiting;            // rank 0 of tp > 1: the other ranks follow its steps (a stop is owed)
+    int32_t *wire;                    // [wire_cap] one step's arrays packed for the broadcast
+    size_t wire_cap;
 };
 
 // The CPU backend (runner_cpu.c).
@@ -178,13 +193,33 @@ int host_memory_available(size_t *bytes);
 
 // Build a runner for the checkpoint `weights` with config `cfg`.
 // -1 with mv_error() on a bad size, an unavailable device or no memory.
+//
+// With rc->tp_size N > 1 (one process per rank, started by mpirun; every
+// rank calls this with the same arguments): a size N does not divide is
+// refused before anything is loaded, naming it; rank 0's sizes are sent to
+// the others, which must have the same; each rank loads its shard; then
+// every rank learns whether any failed (tp_comm_agree), so that all return
+// -1 with "rank R: why" or all go on: no rank is left waiting. Rank 0 then
+// runs the steps (model_runner_step sends each to the others first) and
+// the others call model_runner_follow.
 int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, const runner_config_t *rc,
                         model_runner_t **out);
+// On rank 0 of tp > 1 this also tells the following ranks to stop.
 void model_runner_free(model_runner_t *r);
+// This process's rank (0 at tp 1).
+int model_runner_tp_rank(const model_runner_t *r);
+// Ranks other than 0: receive rank 0's steps and run each on this rank's
+// shard, until rank 0's runner is freed. 0 then. A step that fails here
+// cannot be reported to rank 0, which waits in the same step's collectives:
+// it ends every rank (tp_comm_abort) with the rank and the cause.
+int model_runner_follow(model_runner_t *r);
 
 // Check the step against the runner's sizes (token ids in the vocabulary,
 // positions, slots, the batch description), then run it.
 // logits: [in->num_sample, cfg.vocab_size] fp32.
+// At tp > 1 (rank 0 only): the checked step is sent to the other ranks
+// first, and a failure after that ends every rank (tp_comm_abort), since
+// the others wait inside the step.
 int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits);
 
 // 1 when the backend samples on its device (step_sample), else 0.

@@ -21,6 +21,16 @@
  * with the same tokens behind it). So the same seed gives the same tokens
  * whatever else was running, on either backend.
  *
+ * vLLM's other options, in vLLM's order, before the rule above: min_tokens
+ * (eos and stop ids set to -inf while the request has fewer tokens),
+ * then the repetition, frequency and presence penalties (on the logits,
+ * greedy rows too), then, for a draw, min_p beside top-k and top-p
+ * (reference/sampling.h). logprobs are those of the raw logits, before
+ * any of it (vLLM's default logprobs mode). The GPU sampler has the rule
+ * but not these yet: a row that uses one is sampled here, from the logits
+ * the CUDA backend copies back for it (sampler_needs_host), which gives the
+ * same token the GPU would have drawn for a plain row.
+ *
  * Library code: 0 / -1 with mv_error(). Tests: tests/test_engine_cpu.c
  * (the engine's draws), tests/test_sampling.c (the reference).
  */
@@ -36,9 +46,41 @@
 extern "C" {
 #endif
 
-// 0 when temperature >= 0 (and finite), top_k >= 0 and top_p in (0, 1];
+// 0 when temperature >= 0 (and finite), top_k >= 0, top_p in (0, 1], min_p
+// in [0, 1], min_tokens in [0, max_tokens], penalties finite (repetition
+// > 0, or 0 for 1) and top_logprobs in [0, 20] (and 0 without logprobs);
 // else -1 with mv_error() naming the bad value.
 int sampler_validate_params(const sampling_params_t *p);
+
+// What the next token of one request is drawn with, besides its parameters.
+typedef struct {
+    const int32_t *tokens;     // the sequence: num_prompt prompt ids, then the generated ones
+    int num_prompt, num_tokens;
+    const int32_t *stop_ids;   // [num_stop_ids] masked while under min_tokens (eos ids, stop_token_ids)
+    int num_stop_ids;
+} sampler_seq_t;
+
+// A sampled token's log-probability and the likeliest ids' (logprobs).
+typedef struct {
+    float logprob;
+    int num_top;                                  // top_logprobs
+    int32_t top_ids[SAMPLING_MAX_TOP_LOGPROBS];   // largest first
+    float top_logprobs[SAMPLING_MAX_TOP_LOGPROBS];
+} sampler_logprob_t;
+
+// The host sampler's scratch: the reference's, and the penalties' (grown as needed).
+typedef struct {
+    sampling_scratch_t ref;
+    uint64_t *ids;   // [ids_cap] a sequence's ids, for the penalties
+    int ids_cap;
+    float *raw;      // [vocab] the raw logits, for logprobs, when a penalty or min_tokens changes the row
+} sampler_scratch_t;
+int sampler_scratch_init(sampler_scratch_t *s, int vocab);
+void sampler_scratch_free(sampler_scratch_t *s);
+
+// 1 when the request's next token (it has generated gen_index) needs this
+// host sampler: penalties, min_p, logprobs, or min_tokens still masking.
+int sampler_needs_host(const sampling_params_t *p, int64_t gen_index);
 
 // The reference's row for a request's next token.
 sampling_row_t sampler_row(const sampling_params_t *p, uint64_t seed, int64_t gen_index);
@@ -48,6 +90,12 @@ sampling_row_t sampler_row(const sampling_params_t *p, uint64_t seed, int64_t ge
 // parameters or logits with no finite largest value.
 int sampler_sample(sampling_scratch_t *s, const float *logits, const sampling_params_t *p, uint64_t seed,
                    int64_t gen_index, int32_t *out);
+
+// The whole of it for one request: logits[vocab] (changed in place by
+// min_tokens and the penalties), the sequence so far, and lp (NULL, or
+// filled when p->logprobs). gen_index = seq->num_tokens - seq->num_prompt.
+int sampler_sample_seq(sampler_scratch_t *s, float *logits, const sampling_params_t *p, uint64_t seed,
+                       const sampler_seq_t *seq, int32_t *out, sampler_logprob_t *lp);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,8 @@
 serve_job_t *serve_job_create(api_request_t *api, const api_context_t *ctx) {
     serve_job_t *j = calloc(1, sizeof *j);
     if (!j) return NULL;
-    j->subs = calloc((size_t)(api->num_prompts ? api->num_prompts : 1), sizeof *j->subs);
+    const int n = api_num_choices(api);
+    j->subs = calloc((size_t)(n ? n : 1), sizeof *j->subs);
     if (!j->subs) {
         free(j);
         return NULL;
@@ -24,17 +25,20 @@ serve_job_t *serve_job_create(api_request_t *api, const api_context_t *ctx) {
     pthread_cond_init(&j->cv, NULL);
     j->api = *api;
     *api = (api_request_t){0};
-    j->num_subs = j->api.num_prompts;
+    j->num_subs = n;
     j->refs = 1;
     for (int i = 0; i < j->num_subs; i++) {
         serve_sub_t *u = &j->subs[i];
+        const int p = i / j->api.n, k = i % j->api.n;
         u->job = j;
         u->index = i;
-        u->req.prompt = j->api.prompts[i].data;
-        u->req.num_prompt = (int)j->api.prompts[i].len;
+        u->req.prompt = j->api.prompts[p].data;
+        u->req.num_prompt = (int)j->api.prompts[p].len;
         u->req.params = j->api.params;
-        u->req.params.max_tokens = api_max_tokens(&j->api, ctx, i);
-        u->req.seed = j->api.seed;  // without has_seed, serve_engine_submit numbers it
+        u->req.params.max_tokens = api_max_tokens(&j->api, ctx, p);
+        // vLLM's parallel sampling: the k-th of n draws with seed + k (without
+        // has_seed, serve_engine_submit numbers every choice).
+        u->req.seed = j->api.seed + (uint64_t)k;
     }
     return j;
 }
@@ -42,6 +46,7 @@ serve_job_t *serve_job_create(api_request_t *api, const api_context_t *ctx) {
 static void job_free(serve_job_t *j) {
     for (int i = 0; i < j->num_subs; i++) {
         free(j->subs[i].tokens);
+        free(j->subs[i].lps);
         engine_outputs_free(&j->subs[i].out, 1);
     }
     free(j->subs);
@@ -119,16 +124,23 @@ struct serve_engine {
 
 // ---- the engine core's hooks (on the engine thread) ----------------------------------------
 
-static void on_token(void *ctx, void *user, int32_t token, int stop) {
+static void on_token(void *ctx, void *user, int32_t token, int stop, const engine_logprob_t *lp) {
     serve_sub_t *u = user;
     serve_job_t *j = u->job;
     pthread_mutex_lock(&j->mu);
     if (u->num_tokens == u->cap) {
         int cap = u->cap ? 2 * u->cap : 64;
         int32_t *t = realloc(u->tokens, (size_t)cap * sizeof *t);
-        if (t) u->tokens = t, u->cap = cap;
+        if (t) u->tokens = t;
+        engine_logprob_t *l = lp ? realloc(u->lps, (size_t)cap * sizeof *l) : NULL;
+        if (l) u->lps = l;
+        if (t && (l || !lp)) u->cap = cap;
     }
-    if (u->num_tokens < u->cap) u->tokens[u->num_tokens++] = token;
+    // (A token that found no memory is dropped: the stream misses it, the final output has it.)
+    if (u->num_tokens < u->cap) {
+        if (lp) u->lps[u->num_tokens] = *lp;
+        u->tokens[u->num_tokens++] = token;
+    }
     u->last_is_stop = stop;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);

@@ -15,7 +15,8 @@
  *   write SSE chunks / the JSON body         job's sub-request, on_finished ends it
  *   client gone: serve_engine_abort(job)   (between steps: nothing is half done)
  *
- * A job is one HTTP request: one engine request ("sub") per prompt. It is
+ * A job is one HTTP request: one engine request ("sub") per choice, n per
+ * prompt (choice p * n + j is prompt p's j-th, as OpenAI numbers them). It is
  * reference counted (the HTTP side, the engine while it runs it, an abort
  * in the queue), so whichever side lets go last frees it. Each job has its
  * own mutex and condition variable; the engine's queue has another. No
@@ -49,15 +50,16 @@ typedef enum {
 
 typedef struct serve_job serve_job_t;
 
-// One prompt of a job: one engine request.
+// One choice of a job: one engine request.
 typedef struct {
     serve_job_t *job;
-    int index;                 // its choice index
-    engine_request_t req;      // the prompt points into job->api.prompts[index]
+    int index;                 // its choice index: prompt * n + j
+    engine_request_t req;      // the prompt points into job->api.prompts[index / n]
     int64_t id;                // the engine core's id, once added
     int added;                 // 1 once in the core
     // Guarded by job->mu:
     int32_t *tokens;           // [num_tokens] sampled so far (cap allocated)
+    engine_logprob_t *lps;     // [num_tokens] theirs, with params.logprobs (cap allocated), else NULL
     int num_tokens, cap;
     int last_is_stop;          // the last token ended it as a stop (eos / stop_token_ids): no text
     int finished;              // out is filled
@@ -86,7 +88,8 @@ void serve_job_release(serve_job_t *job);
 
 typedef struct {
     int max_queued_requests;   // requests that may wait; one more is a 503
-    uint64_t base_seed;        // request i without "seed" draws with base_seed + i
+    uint64_t base_seed;        // engine request i without "seed" draws with base_seed + i (each
+                               // choice of n is one: n > 1 choices draw differently)
     int step_delay_ms;         // testing aid: sleep this long after each step
 } serve_engine_config_t;
 

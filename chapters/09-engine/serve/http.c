@@ -55,6 +55,7 @@ typedef struct {
     stop_text_t dec;     // the streaming decoder and the request's stop strings (with a tokenizer):
                          // an unfinished UTF-8 character, or text that may be the start of a stop
                          // string, waits in it until the next token settles it
+    int lp_offset;       // completions with logprobs: text_offset of the next token
     int finish_sent;
 } choice_stream_t;
 
@@ -199,6 +200,7 @@ static int stream_fill(request_t *q) {
         choice_stream_t *c = &q->choices[i];
         q->text.len = 0;
         rc = tok_bytes_append(&q->text, "", 0);
+        const int first = c->consumed;
         for (; !rc && c->consumed < u->num_tokens; c->consumed++) {
             const int is_stop = u->last_is_stop && c->consumed == u->num_tokens - 1;
             if (!is_stop && ctx->tokenizer) rc = stop_text_push(&c->dec, u->tokens[c->consumed]) < 0;
@@ -211,9 +213,16 @@ static int stream_fill(request_t *q) {
             const char *p = stop_text_take(&c->dec, &n);
             rc = tok_bytes_append(&q->text, p, n);
         }
-        if (!rc && (q->text.len > 0 || finish)) {
+        // Each chunk carries the logprobs of the tokens consumed for it (the
+        // stop id's too, and those whose text is still held back), so the
+        // chunks' logprobs add up to the whole answer's.
+        const int with_lp = r->params.logprobs && u->lps;
+        const api_logprobs_t lp = {u->tokens + first, with_lp ? u->lps + first : NULL, c->consumed - first,
+                                   &c->lp_offset};
+        if (!rc && (q->text.len > 0 || finish || (with_lp && lp.n > 0))) {
             api_choice_t ch = choice_of(j, i);
-            rc = api_chunk_text(r, ctx, q->id, q->created, i, q->text.data, q->text.len, finish ? &ch : NULL, &q->out);
+            rc = api_chunk_text(r, ctx, q->id, q->created, i, q->text.data, q->text.len, with_lp && lp.n > 0 ? &lp : NULL,
+                                finish ? &ch : NULL, &q->out);
         }
         if (finish) c->finish_sent = 1;
         all_done &= c->finish_sent;
@@ -285,11 +294,14 @@ static enum MHD_Result answer_stream(request_t *q) {
     if (!q->choices) return fail(q->conn, 500, NULL, NULL, "out of memory");
     q->num_choices = q->job->num_subs;
     const api_request_t *api = &q->job->api;
-    for (int i = 0; i < q->job->num_subs; i++)
-        if (q->srv->cfg.api.tokenizer &&
-            stop_text_init(&q->choices[i].dec, q->srv->cfg.api.tokenizer, (const char *const *)api->stop,
+    for (int i = 0; i < q->job->num_subs; i++) {
+        if (!q->srv->cfg.api.tokenizer) continue;
+        if (stop_text_init(&q->choices[i].dec, q->srv->cfg.api.tokenizer, (const char *const *)api->stop,
                            api->num_stop, api->include_stop_str_in_output, api->skip_special_tokens))
             return fail(q->conn, 500, NULL, NULL, mv_last_error());
+        // As the engine's own stop_text: no stop string before min_tokens tokens.
+        q->choices[i].dec.min_tokens = q->job->subs[i].req.params.min_tokens;
+    }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, q, NULL);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");

@@ -57,24 +57,25 @@ char *api_error_json(const api_error_t *err) {
 // The fields each endpoint takes. Those of NOT_YET are OpenAI's or vLLM's
 // and refused with "not supported yet" unless they ask for the default.
 static const char *const COMPLETION_FIELDS[] = {
-    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop_token_ids",
-    "stop", "include_stop_str_in_output", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user", NULL};
+    "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "best_of",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logprobs", "ignore_eos",
+    "stop_token_ids", "stop", "include_stop_str_in_output", "stream", "stream_options", "return_token_ids",
+    "skip_special_tokens", "user", NULL};
 static const char *const CHAT_FIELDS[] = {
-    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-    "ignore_eos", "stop_token_ids", "stop", "include_stop_str_in_output", "stream", "stream_options", "return_token_ids", "skip_special_tokens", "user",
-    "chat_template_kwargs", "add_generation_prompt", NULL};
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+    "n", "best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logprobs",
+    "top_logprobs", "ignore_eos", "stop_token_ids", "stop", "include_stop_str_in_output", "stream",
+    "stream_options", "return_token_ids", "skip_special_tokens", "user", "chat_template_kwargs",
+    "add_generation_prompt", NULL};
 
 // A field that needs sampler work the engine does not have yet, with the
 // value that means "off" (then it is accepted as a no-op).
-typedef enum { OFF_NULL, OFF_ZERO, OFF_ONE, OFF_FALSE, OFF_EMPTY } off_kind_t;
+typedef enum { OFF_NULL, OFF_FALSE, OFF_EMPTY } off_kind_t;
 static const struct {
     const char *name;
     off_kind_t off;
 } NOT_YET[] = {
-    {"n", OFF_ONE},           {"best_of", OFF_ONE},
-    {"presence_penalty", OFF_ZERO}, {"frequency_penalty", OFF_ZERO}, {"repetition_penalty", OFF_ONE},
-    {"min_p", OFF_ZERO},      {"min_tokens", OFF_ZERO},       {"logprobs", OFF_FALSE},
-    {"top_logprobs", OFF_ZERO}, {"prompt_logprobs", OFF_NULL}, {"logit_bias", OFF_EMPTY},
+    {"prompt_logprobs", OFF_NULL}, {"logit_bias", OFF_EMPTY},
     {"echo", OFF_FALSE},      {"suffix", OFF_NULL},
     {"tools", OFF_EMPTY},     {"tool_choice", OFF_NULL},      {"response_format", OFF_NULL},
     {"parallel_tool_calls", OFF_NULL}, {"continue_final_message", OFF_FALSE}, {"guided_json", OFF_NULL},
@@ -84,8 +85,6 @@ static int is_off(const cJSON *v, off_kind_t k) {
     if (cJSON_IsNull(v)) return 1;
     switch (k) {
     case OFF_NULL: return 0;
-    case OFF_ZERO: return cJSON_IsNumber(v) && v->valuedouble == 0;
-    case OFF_ONE: return cJSON_IsNumber(v) && v->valuedouble == 1;
     case OFF_FALSE: return cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
     case OFF_EMPTY: return (cJSON_IsArray(v) || cJSON_IsObject(v)) && !v->child;
     }
@@ -127,6 +126,77 @@ static int parse_bool(const cJSON *body, const char *name, int *out, api_error_t
     return 0;
 }
 
+// A number in [lo, hi] into *out (a field that is absent or null leaves it).
+static int parse_range(const cJSON *body, const char *name, double lo, double hi, float *out, api_error_t *err) {
+    const cJSON *v = field(body, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return api_fail(err, 400, name, "invalid_value", "%s must be a number in [%g, %g]", name, lo, hi);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+// vLLM's ranges: presence and frequency in [-2, 2], repetition > 0 (and
+// finite: vLLM dropped its old upper bound of 2), min_p in [0, 1];
+// min_tokens >= 0 here, <= max_tokens once the prompts are known.
+static int parse_penalties(const cJSON *body, api_request_t *r, api_error_t *err) {
+    if (parse_range(body, "presence_penalty", -2, 2, &r->params.presence_penalty, err) ||
+        parse_range(body, "frequency_penalty", -2, 2, &r->params.frequency_penalty, err) ||
+        parse_range(body, "min_p", 0, 1, &r->params.min_p, err))
+        return -1;
+    const cJSON *v = field(body, "repetition_penalty");
+    if (v && (!cJSON_IsNumber(v) || !(v->valuedouble > 0) || !isfinite((float)v->valuedouble)))
+        return api_fail(err, 400, "repetition_penalty", "invalid_value",
+                        "repetition_penalty must be a finite number > 0 (1 = off)");
+    if (v) r->params.repetition_penalty = (float)v->valuedouble;
+    if ((v = field(body, "min_tokens"))) {
+        if (!is_int(v, 0, 1 << 30))
+            return api_fail(err, 400, "min_tokens", "invalid_value", "min_tokens must be an integer >= 0");
+        r->params.min_tokens = (int)v->valuedouble;
+    }
+    return 0;
+}
+
+// "n" choices per prompt; "best_of" only as vLLM V1 takes it (null or n).
+static int parse_n(const cJSON *body, api_request_t *r, api_error_t *err) {
+    const cJSON *v = field(body, "n");
+    if (v && !is_int(v, 1, API_MAX_N))
+        return api_fail(err, 400, "n", "invalid_value", "n must be an integer in [1, %d]", API_MAX_N);
+    if (v) r->n = (int)v->valuedouble;
+    // n copies of one greedy answer are refused, as vLLM refuses them.
+    if (r->n > 1 && r->params.temperature == 0)
+        return api_fail(err, 400, "n", "invalid_value", "n must be 1 when using greedy sampling (temperature 0), got %d",
+                        r->n);
+    if ((v = field(body, "best_of")) && !(cJSON_IsNumber(v) && v->valuedouble == r->n))
+        return api_fail(err, 400, "best_of", "not_supported", "not supported yet: best_of other than n");
+    return 0;
+}
+
+// Completions: "logprobs" an integer, how many likeliest tokens beside the
+// sampled one. Chat: "logprobs" true, "top_logprobs" how many (OpenAI:
+// top_logprobs needs logprobs). At most 20 either way (vLLM's --max-logprobs default).
+static int parse_logprobs(const cJSON *body, api_kind_t kind, api_request_t *r, api_error_t *err) {
+    const cJSON *v = field(body, "logprobs");
+    if (kind == API_COMPLETIONS) {
+        if (!v) return 0;
+        if (!is_int(v, 0, SAMPLING_MAX_TOP_LOGPROBS))
+            return api_fail(err, 400, "logprobs", "invalid_value", "logprobs must be an integer in [0, %d]",
+                            SAMPLING_MAX_TOP_LOGPROBS);
+        r->params.logprobs = 1;
+        r->params.top_logprobs = (int)v->valuedouble;
+        return 0;
+    }
+    if (parse_bool(body, "logprobs", &r->params.logprobs, err)) return -1;
+    if (!(v = field(body, "top_logprobs"))) return 0;
+    if (!is_int(v, 0, SAMPLING_MAX_TOP_LOGPROBS))
+        return api_fail(err, 400, "top_logprobs", "invalid_value", "top_logprobs must be an integer in [0, %d]",
+                        SAMPLING_MAX_TOP_LOGPROBS);
+    if (v->valuedouble > 0 && !r->params.logprobs)
+        return api_fail(err, 400, "top_logprobs", "invalid_value", "top_logprobs needs \"logprobs\": true");
+    r->params.top_logprobs = (int)v->valuedouble;
+    return 0;
+}
+
 // The sampling fields shared by both endpoints.
 static int parse_sampling(const cJSON *body, api_kind_t kind, const api_context_t *ctx, api_request_t *r,
                           api_error_t *err) {
@@ -160,6 +230,7 @@ static int parse_sampling(const cJSON *body, api_kind_t kind, const api_context_
         r->has_seed = 1;
         r->seed = (uint64_t)v->valuedouble;
     }
+    if (parse_penalties(body, r, err) || parse_n(body, r, err) || parse_logprobs(body, kind, r, err)) return -1;
     if (parse_bool(body, "ignore_eos", &r->params.ignore_eos, err)) return -1;
     if ((v = field(body, "stop_token_ids"))) {
         if (!cJSON_IsArray(v))
@@ -336,7 +407,7 @@ static int parse_messages(const cJSON *body, const api_context_t *ctx, api_reque
 
 int api_parse_request(api_kind_t kind, const char *body, size_t len, const api_context_t *ctx, api_request_t *r,
                       api_error_t *err) {
-    *r = (api_request_t){.kind = kind, .params = ctx->defaults, .skip_special_tokens = 1};
+    *r = (api_request_t){.kind = kind, .n = 1, .params = ctx->defaults, .skip_special_tokens = 1};
     r->params.max_tokens = 0;
     r->params.ignore_eos = 0;
     const char *end = NULL;
@@ -356,6 +427,11 @@ int api_parse_request(api_kind_t kind, const char *body, size_t len, const api_c
                       m->valuestring, ctx->served_model_name);
     if (!rc) rc = parse_sampling(j, kind, ctx, r, err);
     if (!rc) rc = kind == API_CHAT ? parse_messages(j, ctx, r, err) : parse_prompts(j, ctx, r, err);
+    for (int i = 0; !rc && i < r->num_prompts; i++)
+        if (r->params.min_tokens > api_max_tokens(r, ctx, i))
+            rc = api_fail(err, 400, "min_tokens", "invalid_value", "min_tokens %d is more than max_tokens %d%s",
+                          r->params.min_tokens, api_max_tokens(r, ctx, i),
+                          r->params.max_tokens ? "" : " (the default: give max_tokens)");
     cJSON_Delete(j);
     return rc;
 }
@@ -367,6 +443,8 @@ void api_request_free(api_request_t *r) {
     for (int i = 0; i < r->num_stop; i++) free(r->stop[i]);
     *r = (api_request_t){0};
 }
+
+int api_num_choices(const api_request_t *r) { return r->num_prompts * r->n; }
 
 int api_max_tokens(const api_request_t *r, const api_context_t *ctx, int i) {
     if (r->params.max_tokens > 0) return r->params.max_tokens;
@@ -407,16 +485,135 @@ static int put_token_ids(tok_bytes_t *b, const api_request_t *r, const api_choic
            put_ids(b, c->out->token_ids, c->out->num_tokens);
 }
 
-static int put_usage(tok_bytes_t *b, const api_choice_t *choices, int n) {
+// A prompt's tokens count once however many choices it has (vLLM's usage
+// with n > 1), and so do its cached ones (its first choice's).
+static int put_usage(tok_bytes_t *b, const api_request_t *r, const api_choice_t *choices, int n) {
     long long p = 0, g = 0, cached = 0;
     for (int i = 0; i < n; i++) {
-        p += choices[i].out->num_prompt_tokens;
+        if (i % r->n == 0) p += choices[i].out->num_prompt_tokens, cached += choices[i].out->num_cached_tokens;
         g += choices[i].out->num_tokens;
-        cached += choices[i].out->num_cached_tokens;
     }
     return tok_bytes_appendf(b, "\"usage\":{\"prompt_tokens\":%lld,\"completion_tokens\":%lld,\"total_tokens\":%lld,"
                    "\"prompt_tokens_details\":{\"cached_tokens\":%lld}}",
                 p, g, p + g, cached);
+}
+
+// ---- logprobs ----
+//
+// A token's string is its id decoded alone, special tokens kept whatever
+// skip_special_tokens says (vLLM decodes each id with tokenizer.decode([id]),
+// whose default keeps them; skip_special_tokens is about the text). A token
+// that ends or begins inside a UTF-8 character decodes to U+FFFD there, as
+// in vLLM (Hugging Face's errors="replace"); chat's "bytes" are the token's
+// real bytes, as OpenAI defines them, where vLLM gives the UTF-8 of the
+// string (so EF BF BD for such a piece). Without a tokenizer a token is
+// "token_id:N" (vLLM's --return-tokens-as-token-ids form) and its bytes null.
+
+// The string of token id, into s (replaced).
+static int token_string(const api_context_t *ctx, int32_t id, tok_bytes_t *s) {
+    s->len = 0;
+    if (!ctx->tokenizer) return tok_bytes_appendf(s, "token_id:%d", id);
+    return tok_bytes_append(s, "", 0) || tokenizer_decode(ctx->tokenizer, &id, 1, 0, s);
+}
+
+// A log-probability as JSON: never inf or nan, -inf (a masked id) as vLLM's -9999.0.
+static int put_logprob(tok_bytes_t *b, float v) {
+    if (isnan(v) || v <= -9999.0f) return put(b, "-9999.0");
+    return tok_bytes_appendf(b, "%.9g", v);
+}
+
+// Code points in a decoded string (valid UTF-8): vLLM's text_offset counts Python characters.
+static int utf8_chars(const tok_bytes_t *s) {
+    int n = 0;
+    for (size_t k = 0; k < s->len; k++) n += ((unsigned char)s->data[k] & 0xC0) != 0x80;
+    return n;
+}
+
+// Chat's {"token": ..., "logprob": ..., "bytes": [...]}, without its closing brace.
+static int put_chat_token(tok_bytes_t *b, const api_context_t *ctx, int32_t id, float lp, tok_bytes_t *s) {
+    int rc = token_string(ctx, id, s) || put(b, "{\"token\":") || tok_bytes_append_json(b, s->data, s->len) ||
+             put(b, ",\"logprob\":") || put_logprob(b, lp) || put(b, ",\"bytes\":");
+    if (rc) return -1;
+    const char *p = NULL;
+    size_t n = 0;
+    if (!ctx->tokenizer || tokenizer_token_bytes(ctx->tokenizer, id, &p, &n)) return put(b, "null");
+    rc = put(b, "[");
+    for (size_t k = 0; !rc && k < n; k++) rc = tok_bytes_appendf(b, k ? ",%u" : "%u", (unsigned char)p[k]);
+    return rc || put(b, "]") ? -1 : 0;
+}
+
+// Chat: {"content": [one entry per token]}.
+static int put_chat_logprobs(tok_bytes_t *b, const api_context_t *ctx, const api_logprobs_t *lp, tok_bytes_t *s) {
+    int rc = put(b, "{\"content\":[");
+    for (int k = 0; !rc && k < lp->n; k++) {
+        const engine_logprob_t *e = &lp->lps[k];
+        rc = (k && put(b, ",")) || put_chat_token(b, ctx, lp->ids[k], e->logprob, s) || put(b, ",\"top_logprobs\":[");
+        // OpenAI's: the top_logprobs likeliest, largest first. (vLLM lists the
+        // sampled token first when it is not among them, in top_logprobs' places.)
+        for (int t = 0, m = 0; !rc && t < e->num_top; t++) {
+            if (e->top_ids[t] < 0) continue;  // fewer ids with a value than asked
+            rc = (m++ && put(b, ",")) || put_chat_token(b, ctx, e->top_ids[t], e->top_logprobs[t], s) || put(b, "}");
+        }
+        rc = rc || put(b, "]}");
+    }
+    return rc || put(b, "]}") ? -1 : 0;
+}
+
+// Completions: OpenAI's legacy {"tokens", "token_logprobs", "top_logprobs",
+// "text_offset"}, as vLLM fills it: a token's top_logprobs map holds the
+// sampled token first, then the likeliest (up to logprobs + 1 entries), keyed
+// by token string (two ids with one string are one key, at the first's
+// place with the last's value, as a Python dict has them). text_offset: the
+// characters of the token strings before each, from *text_offset on.
+static int put_completion_logprobs(tok_bytes_t *b, const api_context_t *ctx, const api_logprobs_t *lp,
+                                   tok_bytes_t *s) {
+    int rc = put(b, "{\"tokens\":[");
+    int offset = lp->text_offset ? *lp->text_offset : 0;
+    for (int k = 0; !rc && k < lp->n; k++)
+        rc = (k && put(b, ",")) || token_string(ctx, lp->ids[k], s) || tok_bytes_append_json(b, s->data, s->len);
+    rc = rc || put(b, "],\"token_logprobs\":[");
+    for (int k = 0; !rc && k < lp->n; k++) rc = (k && put(b, ",")) || put_logprob(b, lp->lps[k].logprob);
+    rc = rc || put(b, "],\"top_logprobs\":[");
+    tok_bytes_t keys[SAMPLING_MAX_TOP_LOGPROBS + 1] = {{0}};
+    for (int k = 0; !rc && k < lp->n; k++) {
+        const engine_logprob_t *e = &lp->lps[k];
+        float vals[SAMPLING_MAX_TOP_LOGPROBS + 1];
+        int m = 0;
+        rc = token_string(ctx, lp->ids[k], &keys[m]);
+        vals[m++] = e->logprob;
+        for (int t = 0; !rc && t < e->num_top; t++) {
+            if (e->top_ids[t] < 0 || e->top_ids[t] == lp->ids[k]) continue;  // none, or the sampled one again
+            rc = token_string(ctx, e->top_ids[t], &keys[m]);
+            int same = 0;
+            while (same < m && !(keys[same].len == keys[m].len && !memcmp(keys[same].data, keys[m].data, keys[m].len)))
+                same++;
+            vals[same] = e->top_logprobs[t];
+            if (same == m) m++;
+        }
+        rc = rc || (k && put(b, ",")) || put(b, "{");
+        for (int t = 0; !rc && t < m; t++)
+            rc = (t && put(b, ",")) || tok_bytes_append_json(b, keys[t].data, keys[t].len) || put(b, ":") ||
+                 put_logprob(b, vals[t]);
+        rc = rc || put(b, "}");
+    }
+    for (int t = 0; t <= SAMPLING_MAX_TOP_LOGPROBS; t++) tok_bytes_free(&keys[t]);
+    rc = rc || put(b, "],\"text_offset\":[");
+    for (int k = 0; !rc && k < lp->n; k++) {
+        rc = (k && put(b, ",")) || tok_bytes_appendf(b, "%d", offset) || token_string(ctx, lp->ids[k], s);
+        offset += utf8_chars(s);
+    }
+    if (lp->text_offset) *lp->text_offset = offset;
+    return rc || put(b, "]}") ? -1 : 0;
+}
+
+// ,"logprobs": ... of a choice or a chunk: null unless the request asked for them.
+static int put_logprobs(tok_bytes_t *b, const api_request_t *r, const api_context_t *ctx, const api_logprobs_t *lp) {
+    if (!r->params.logprobs || !lp) return put(b, ",\"logprobs\":null");
+    tok_bytes_t s = {0};
+    int rc = put(b, ",\"logprobs\":") ||
+             (r->kind == API_CHAT ? put_chat_logprobs(b, ctx, lp, &s) : put_completion_logprobs(b, ctx, lp, &s));
+    tok_bytes_free(&s);
+    return rc ? -1 : 0;
 }
 
 int api_response_json(const api_request_t *r, const api_context_t *ctx, const char *id, long long created,
@@ -432,10 +629,13 @@ int api_response_json(const api_request_t *r, const api_context_t *ctx, const ch
                  put(b, "}");
         else if (!rc)
             rc = put(b, ",\"text\":") || tok_bytes_append_json(b, text.data, text.len);
-        rc = rc || put(b, ",\"logprobs\":null") || put_finish(b, choices[i].out) ||
-             put_token_ids(b, r, &choices[i]) || put(b, "}");
+        const engine_output_t *o = choices[i].out;
+        // Every token's, the one that stopped it included (vLLM's token_ids and logprobs both keep it).
+        const api_logprobs_t lp = {o->token_ids, o->logprobs, o->logprobs ? o->num_tokens : 0, NULL};
+        rc = rc || put_logprobs(b, r, ctx, &lp) || put_finish(b, o) || put_token_ids(b, r, &choices[i]) ||
+             put(b, "}");
     }
-    rc = rc || put(b, "],") || put_usage(b, choices, n) || put(b, "}");
+    rc = rc || put(b, "],") || put_usage(b, r, choices, n) || put(b, "}");
     tok_bytes_free(&text);
     return rc ? -1 : 0;
 }
@@ -451,13 +651,14 @@ int api_chunk_role(const api_request_t *r, const api_context_t *ctx, const char 
 }
 
 int api_chunk_text(const api_request_t *r, const api_context_t *ctx, const char *id, long long created, int index,
-                   const char *text, size_t len, const api_choice_t *finish, tok_bytes_t *b) {
+                   const char *text, size_t len, const api_logprobs_t *lp, const api_choice_t *finish,
+                   tok_bytes_t *b) {
     const int chat = r->kind == API_CHAT;
     int rc = put(b, "data: ") || put_head(b, chat ? "chat.completion.chunk" : "text_completion", id, created, ctx) ||
              tok_bytes_appendf(b, ",\"choices\":[{\"index\":%d", index);
     if (chat) rc = rc || put(b, ",\"delta\":") || (len || !finish ? put(b, "{\"content\":") || tok_bytes_append_json(b, text, len) || put(b, "}") : put(b, "{}"));
     else rc = rc || put(b, ",\"text\":") || tok_bytes_append_json(b, text, len);
-    rc = rc || put(b, ",\"logprobs\":null");
+    rc = rc || put_logprobs(b, r, ctx, lp);
     if (finish) rc = rc || put_finish(b, finish->out) || put_token_ids(b, r, finish);
     else rc = rc || put(b, ",\"finish_reason\":null");
     return rc || put(b, "}]}\n\n") ? -1 : 0;
@@ -467,7 +668,7 @@ int api_chunk_usage(const api_request_t *r, const api_context_t *ctx, const char
                     const api_choice_t *choices, int n, tok_bytes_t *b) {
     const int chat = r->kind == API_CHAT;
     return put(b, "data: ") || put_head(b, chat ? "chat.completion.chunk" : "text_completion", id, created, ctx) ||
-                   put(b, ",\"choices\":[],") || put_usage(b, choices, n) || put(b, "}\n\n")
+                   put(b, ",\"choices\":[],") || put_usage(b, r, choices, n) || put(b, "}\n\n")
                ? -1
                : 0;
 }

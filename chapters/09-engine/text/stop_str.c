@@ -48,7 +48,9 @@ int stop_text_push(stop_text_t *s, int32_t id) {
     const size_t before = s->text.len;
     if (tok_stream_push(s->tok, &s->dec, id, &s->text)) return -1;
     const size_t added = s->text.len - before;
-    if (added == 0) return 0;
+    s->pushed++;
+    // vLLM looks for stop strings once the output is longer than min_tokens.
+    if (added == 0 || s->pushed <= s->min_tokens) return 0;
     for (int i = 0; i < s->num_stops; i++) {
         const size_t m = strlen(s->stops[i]);
         // The new text and the m - 1 bytes before it: where a match can end in this token.

@@ -54,6 +54,9 @@ typedef struct {
     size_t sent;                  // of text, bytes handed out by stop_text_take
     int matched;                  // the index of the stop string found, -1 while none
     int finished;                 // stop_text_finish ran: nothing more is held back
+    int min_tokens;               // no stop is looked for until more tokens than this were pushed
+                                  // (sampling_params_t.min_tokens; set it after stop_text_init)
+    int pushed;                   // tokens pushed
 } stop_text_t;
 
 // stops[0..n) (n <= STOP_STR_MAX, none empty) over tok's decoding of the

@@ -957,6 +957,10 @@ static int id_bytes(const tokenizer_t *t, int32_t id, int skip_special, const ch
     return 0;
 }
 
+int tokenizer_token_bytes(const tokenizer_t *t, int32_t id, const char **p, size_t *n) {
+    return id_bytes(t, id, 0, p, n);
+}
+
 int tokenizer_knows_id(const tokenizer_t *t, int32_t id) {
     return id >= 0 && id < t->n_ids && t->kind[id] != KIND_NONE;
 }

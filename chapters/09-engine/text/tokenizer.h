@@ -102,6 +102,12 @@ int32_t tokenizer_n_ids(const tokenizer_t *tok);     // one past the largest id
 // 1 if id has a token (text); 0 for a negative id, one past the last, or a
 // gap in the numbering. The engine counts the generated ids it does not know.
 int tokenizer_knows_id(const tokenizer_t *tok, int32_t id);
+// The raw bytes of one id's token (special tokens included), *n of them at
+// *p (inside the tokenizer; not NUL-terminated). A token may end or begin
+// inside a UTF-8 character, so these are not always valid UTF-8: what the
+// server's logprobs report as "bytes" (tokenizer_decode shows such bytes as
+// U+FFFD). An id without a token has none (*n = 0). -1 for a negative id.
+int tokenizer_token_bytes(const tokenizer_t *tok, int32_t id, const char **p, size_t *n);
 int32_t tokenizer_eos_id(const tokenizer_t *tok);    // from tokenizer_config.json, -1 if none
 int32_t tokenizer_token_id(const tokenizer_t *tok, const char *added_token);  // -1 if not added
 int tokenizer_is_special(const tokenizer_t *tok, int32_t id);
