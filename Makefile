@@ -310,9 +310,9 @@ run: deps
 	@$(MAKE) --no-print-directory -q $(BUILD)/minivllm || $(MAKE) --no-print-directory $(BUILD)/minivllm
 ifeq ($(MODEL),)
 	@echo "== minivllm generate (CPU backend) on tests/data/tiny-qwen3-tied, prompts from chapters/09-engine/demo.jsonl"
-	@./$(BUILD)/minivllm generate --model tests/data/tiny-qwen3-tied --input chapters/09-engine/demo.jsonl
+	@./$(BUILD)/minivllm generate --model tests/data/tiny-qwen3-tied --device cpu --input chapters/09-engine/demo.jsonl
 else
-	@echo "== minivllm generate (CPU backend) on $(MODEL)"
+	@echo "== minivllm generate on $(MODEL) (cuda when a GPU is present, else the CPU backend)"
 	@./$(BUILD)/minivllm generate --model $(MODEL) --chat --prompt "$(PROMPT)" --max-tokens 64
 endif
 
@@ -342,18 +342,19 @@ test-tokenizer: $(BUILD)/minivllm
 	 else echo "SKIP tokenizer comparison with Hugging Face: python3 not found"; fi
 
 # The parsers under libFuzzer (clang, coverage-guided) with ASan and UBSan: the
-# five targets of tests/test_fuzz.c, each built as its own binary and run for
+# six targets of tests/test_fuzz.c, each built as its own binary and run for
 # FUZZ_SECONDS from the committed corpus tests/fuzz/corpus/TARGET/ (new inputs
 # go to $(BUILD)/fuzz/corpus-TARGET/). A crash, a leak, UB or a broken
 # invariant stops it, with the input that did it saved by libFuzzer
 # (crash-*). CI runs it; `make test` runs the same targets under gcc's
 # deterministic driver instead.
-FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_tokenizer_load fuzz_encode fuzz_requests
+FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_tokenizer_load fuzz_encode fuzz_requests fuzz_api
 FUZZ_SECONDS ?= 60
 FUZZ_CC      ?= clang
 FUZZ_SRC     := $(filter-out %/main.c %/harness.c,$(wildcard common/*.c reference/*.c chapters/03-linear-tp/*.c \
                   chapters/04-embedding/*.c chapters/08-scheduler/sched/*.c chapters/09-engine/model/*.c \
-                  chapters/09-engine/text/*.c chapters/09-engine/runtime/*.c chapters/09-engine/parallel/*.c))
+                  chapters/09-engine/text/*.c chapters/09-engine/runtime/*.c chapters/09-engine/parallel/*.c \
+                  chapters/09-engine/serve/openai.c))
 FUZZ_FLAGS   := -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 \
                 -D_GNU_SOURCE -DMV_HAVE_CUDA=0 -DMV_HAVE_NCCL=0 -DMV_HAVE_MPI=0 -DMV_LIBFUZZER
 $(BUILD)/fuzz/fuzz_%: tests/test_fuzz.c $(FUZZ_SRC) $(wildcard chapters/09-engine/cli/*.c chapters/09-engine/cli/*.h)

@@ -9,6 +9,75 @@
 
 #include "common/check.h"
 
+// The largest version number among the chapter's kernels (0: none).
+static int max_version(const harness_t *h) {
+    int max = 0;
+    for (const harness_kernel_t *k = h->kernels; k && k->what; k++)
+        for (const kernel_version_t *v = k->versions; v->name; v++)
+            if (v->number > max) max = v->number;
+    return max;
+}
+
+static int version_exists(const harness_t *h, int number) {
+    for (const harness_kernel_t *k = h->kernels; k && k->what; k++)
+        if (kernel_version_name(k->versions, number)) return 1;
+    return 0;
+}
+
+// "v3-flash-32-rows-per-warp" (one kernel) or "prefill v3-..., decode v3-..."
+// (several): what version `number` is in this chapter.
+static void version_names(const harness_t *h, int number, char *buf, size_t n) {
+    int several = h->kernels[0].what && h->kernels[1].what;
+    size_t used = 0;
+    buf[0] = 0;
+    for (const harness_kernel_t *k = h->kernels; k->what && used < n; k++) {
+        const char *name = kernel_version_name(k->versions, number);
+        if (!name) continue;
+        used += (size_t)snprintf(buf + used, n - used, "%s%s%s%s", used ? ", " : "", several ? k->what : "",
+                                 several ? " " : "", name);
+    }
+}
+
+// The list --help and a wrong --kernel print: one line per version number.
+static void print_versions(const harness_t *h, FILE *f) {
+    if (h->host_only) {
+        fprintf(f, "kernel versions: none (a host-only chapter has no kernels; --kernel is an error)\n");
+        return;
+    }
+    if (!h->kernels || !h->kernels[0].what) {
+        fprintf(f, "kernel versions: none (--kernel is an error)\n");
+        return;
+    }
+    fprintf(f, "kernel versions (--kernel N runs one, e.g. %s --kernel %d):\n", h->chapter, max_version(h));
+    for (int number = 1; number <= max_version(h); number++) {
+        if (!version_exists(h, number)) continue;
+        char names[512];
+        version_names(h, number, names, sizeof names);
+        fprintf(f, "  %d  %s\n", number, names);
+    }
+}
+
+// --kernel's value: a version number one of the chapter's kernels has.
+static int parse_kernel(const harness_t *h, const char *s) {
+    if (h->host_only || !h->kernels || !h->kernels[0].what) {
+        fprintf(stderr, "%s: --kernel %s: %s has no kernels (see --help)\n", h->chapter, s,
+                h->host_only ? "a host-only chapter" : "this chapter");
+        exit(2);
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "%s: --kernel expects a version number, got '%s'\n", h->chapter, s);
+    } else if (v < 1 || v > max_version(h) || !version_exists(h, (int)v)) {
+        fprintf(stderr, "%s: --kernel %s: no such version\n", h->chapter, s);
+    } else {
+        return (int)v;
+    }
+    print_versions(h, stderr);
+    exit(2);
+}
+
 static void usage(const harness_t *h, FILE *f) {
     fprintf(f,
             "usage: %s [options]\n"
@@ -23,6 +92,8 @@ static void usage(const harness_t *h, FILE *f) {
             "  --require-speed  fail when a kernel misses its speed target\n"
             "  --checks-only    checks only: no ceilings, no timing (for compute-sanitizer)\n"
             "  --device N       CUDA device index (default 0)\n"
+            "  --kernel N       check and time kernel version N only (as llm.c's ./layernorm_forward 4);\n"
+            "                   the CPU self-checks still run\n"
             "  --help           this text\n"
             "exit status: 0 all checks passed, 1 a check failed, 2 bad arguments\n",
             h->chapter, h->title,
@@ -31,6 +102,7 @@ static void usage(const harness_t *h, FILE *f) {
                          : "Checks the chapter's CUDA kernels against the CPU reference, then times them.\n"
                            "Without a usable GPU it checks the CPU reference on its own and says so.");
     if (h->extra_usage) fprintf(f, "options of this chapter:\n%s", h->extra_usage);
+    print_versions(h, f);
 }
 
 static void bad_arg(const harness_t *h, const char *fmt, const char *arg) {
@@ -60,9 +132,19 @@ static void iso_time(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+// With --kernel N and the GPU half running: which version that is.
+static void say_kernel(const harness_t *h) {
+    if (h->summary || !h->kernel) return;
+    char names[512];
+    version_names(h, h->kernel, names, sizeof names);
+    printf("--kernel %d: checking%s version %d only (%s)\n", h->kernel, h->do_timing ? " and timing" : "", h->kernel,
+           names);
+}
+
 static void begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
-                  int host_only, const char *extra_usage) {
+                  int host_only, const char *extra_usage, const harness_kernel_t *kernels) {
     memset(h, 0, sizeof *h);
+    h->kernels = kernels;
     h->host_only = host_only;
     h->extra_usage = extra_usage;
     h->chapter = chapter;
@@ -83,6 +165,9 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
         } else if (!strcmp(a, "--device")) {
             if (!has_next) bad_arg(h, "%s needs a number", a);
             h->device = (int)parse_int(h, a, argv[++i], 0, 1023);
+        } else if (!strcmp(a, "--kernel")) {
+            if (!has_next) bad_arg(h, "%s needs a version number", a);
+            h->kernel = parse_kernel(h, argv[++i]);
         } else if (!strcmp(a, "--cpu")) {
             h->cpu_only = 1;
         } else if (!strcmp(a, "--quick")) {
@@ -112,6 +197,7 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
     iso_time(when, sizeof when);
     mvj_set_string(h->json, "date", when);
     mvj_set_bool(h->json, "built_with_cuda", MV_HAVE_CUDA);
+    if (h->kernel) mvj_set_number(h->json, "kernel", h->kernel);
     h->checks = mvj_set_array(h->json, "checks");
     h->timings = mvj_set_array(h->json, "timings");
 
@@ -129,6 +215,8 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
         mvj_set_string(g, "why_not", h->gpu.why_not);
         if (!h->summary && !h->host_only)
             printf("GPU half skipped: %s. Checking the CPU reference only.\n", h->gpu.why_not);
+        if (!h->summary && h->kernel)
+            printf("--kernel %d: a GPU version, so nothing of it runs while the GPU half is skipped.\n", h->kernel);
         return;
     }
     mvj_set_string(g, "name", h->gpu.name);
@@ -145,6 +233,7 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
     h->do_timing = !h->checks_only;
     if (!h->do_timing) {
         if (!h->summary) printf("GPU: %s (%d SMs); --checks-only: no ceilings, no timing\n", h->gpu.name, h->gpu.sm_count);
+        say_kernel(h);
         return;
     }
 #if MV_HAVE_CUDA
@@ -160,10 +249,20 @@ static void begin(harness_t *h, const char *chapter, const char *title, int argc
                h->gpu.name, h->gpu.sm_count, h->gpu.l2_bytes / 1e6, h->ceil.copy_gbs,
                h->ceil.gemm_tflops, h->ceil.gemm_n);
 #endif
+    say_kernel(h);
 }
 
 void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv) {
-    begin(h, chapter, title, argc, argv, 0, NULL);
+    begin(h, chapter, title, argc, argv, 0, NULL, NULL);
+}
+
+void harness_begin_kernels(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
+                           const harness_kernel_t *kernels) {
+    begin(h, chapter, title, argc, argv, 0, NULL, kernels);
+}
+
+int harness_kernel_wanted(const harness_t *h, int version) {
+    return h->kernel == 0 || h->kernel == version;
 }
 
 void harness_begin_host(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
@@ -179,7 +278,7 @@ void harness_begin_host(harness_t *h, const char *chapter, const char *title, in
         else rest[n++] = argv[i];
     }
     rest[n] = NULL;
-    begin(h, chapter, title, n, rest, 1, extra ? extra->usage : NULL);
+    begin(h, chapter, title, n, rest, 1, extra ? extra->usage : NULL, NULL);
     free(rest);
     size_t len = 0;
     for (int i = 0; i < argc && len < sizeof h->command; i++)
@@ -201,6 +300,21 @@ static mv_json_t *tol_json(tolerance_t tol) {
     return t;
 }
 
+// One bound of a tolerance, short: "0", or "1e-06" / "2.5e-03" when that is
+// its exact value, else three digits ("3.92e-03" for 2^-8 + 1e-5). The exact
+// values are in the --json record.
+static void tol_text(char *buf, size_t n, double x) {
+    if (x == 0) {
+        snprintf(buf, n, "0");
+        return;
+    }
+    for (int digits = 0; digits < 2; digits++) {
+        snprintf(buf, n, "%.*e", digits, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+    snprintf(buf, n, "%.2e", x);
+}
+
 int harness_check(harness_t *h, const char *side, const char *case_name, const char *version,
                   const char *shape, compare_result_t r, tolerance_t tol) {
     h->n_checks++;
@@ -220,10 +334,15 @@ int harness_check(harness_t *h, const char *side, const char *case_name, const c
     mvj_set_number(c, "nmse", r.nmse);
     mvj_set(c, "tolerance", tol_json(tol));
     mvj_push(h->checks, c);
-    if (!h->summary || !r.pass)
-        printf("  %s %-3s %-14s %-26s %-28s max_abs %.2e max_rel %.2e nmse %.2e\n",
+    if (!h->summary || !r.pass) {
+        char atol[16], rtol[16], nmse[16];
+        tol_text(atol, sizeof atol, tol.atol);
+        tol_text(rtol, sizeof rtol, tol.rtol);
+        tol_text(nmse, sizeof nmse, tol.max_nmse);
+        printf("  %s %-3s %-14s %-26s %-28s max_abs %.2e max_rel %.2e nmse %.2e  tol abs %s rel %s nmse %s\n",
                r.pass ? "PASS" : "FAIL", side, case_name, version, shape, r.max_abs, r.max_rel,
-               r.nmse);
+               r.nmse, atol, rtol, nmse);
+    }
     return r.pass;
 }
 
@@ -308,6 +427,7 @@ int harness_end(harness_t *h) {
         printf("%-16s %s  %d/%d checks", h->chapter, status, h->n_checks - h->n_failed, h->n_checks);
         if (h->use_gpu) {
             printf("  on %s", h->gpu.name);
+            if (h->kernel) printf("; kernel version %d only", h->kernel);
             if (h->best_line[0]) printf("; fastest: %s", h->best_line);
         } else if (h->host_only) {
             printf("  (host-only chapter)");
@@ -320,6 +440,7 @@ int harness_end(harness_t *h) {
         printf("\n%s: %s, %d of %d checks passed", h->chapter, status, h->n_checks - h->n_failed,
                h->n_checks);
         if (h->n_timings) printf(", %d timings (%d below target)", h->n_timings, h->n_slow);
+        if (h->use_gpu && h->kernel) printf("; kernel version %d only", h->kernel);
         if (!h->use_gpu && !h->host_only) printf("; GPU half skipped: %s", h->gpu.why_not);
         printf("\n");
     }

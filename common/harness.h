@@ -18,6 +18,10 @@
  *   --require-speed  also fail (exit 1) when a kernel misses its speed target
  *   --checks-only    run the checks, skip ceilings and timing (for compute-sanitizer)
  *   --device N       CUDA device index (default 0)
+ *   --kernel N       check and time kernel version N only, as llm.c's
+ *                    `./layernorm_forward 4` (the CPU self-checks still run);
+ *                    N must be one of the versions the chapter registered
+ *                    (harness_begin_kernels), which --help lists
  *   --help
  * A wrong argument is an error naming it, with exit status 2.
  */
@@ -29,6 +33,7 @@
 #include "common/compare.h"
 #include "common/gpu.h"
 #include "common/json_writer.h"
+#include "common/versions.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +47,7 @@ typedef struct {
     const char *json_path;
     uint64_t seed;
     int cpu_only, quick, summary, require_speed, checks_only, device;
+    int kernel;            // --kernel N: the one version to run; 0: every version
     char command[1024];    // the command line, for the record
     // environment
     gpu_info_t gpu;
@@ -58,11 +64,33 @@ typedef struct {
     // host-only chapters (harness_begin_host)
     int host_only;         // 1: the chapter has no GPU half at all
     const char *extra_usage;  // the chapter's own options, for --help
+    const struct harness_kernel *kernels;  // the chapter's kernels and their versions (or NULL)
 } harness_t;
+
+// One of a chapter's kernels and its numbered versions (a table of
+// kernels/versions.h). A chapter with several kernels (07: prefill and
+// decode) gives one entry each, in an array ended by { NULL, NULL }; their
+// versions share the numbers, so --kernel 3 runs version 3 of each.
+typedef struct harness_kernel {
+    const char *what;                  // "prefill", as --help and the errors print it
+    const kernel_version_t *versions;  // ends with { 0, NULL }
+} harness_kernel_t;
 
 // Parses arguments (exits 0 after --help, 2 on a bad argument); may take a
 // few hundred ms to measure the ceilings when a GPU is used.
 void harness_begin(harness_t *h, const char *chapter, const char *title, int argc, char **argv);
+
+// harness_begin for a chapter whose kernels come in numbered versions: `kernels`
+// (ended by { NULL, NULL }) is what --kernel N is checked against (a number
+// no kernel has: an error listing the versions, exit status 2) and what
+// --help lists.
+void harness_begin_kernels(harness_t *h, const char *chapter, const char *title, int argc, char **argv,
+                           const harness_kernel_t *kernels);
+
+// 1 when kernel version `version` is to be checked and timed: every version
+// without --kernel, only N with --kernel N. Checks and timings that belong
+// to no version (a cudaMemcpy2D baseline, NCCL) run either way.
+int harness_kernel_wanted(const harness_t *h, int version);
 
 // A chapter with no GPU half (scheduler, tokenizer): its messages say
 // "host-only chapter" instead of "GPU half skipped", and `parse` takes the
@@ -81,7 +109,9 @@ void harness_begin_host(harness_t *h, const char *chapter, const char *title, in
 void harness_section(harness_t *h, const char *title);
 
 // Record and print one comparison. `side` is "cpu" (the reference against an
-// independent check) or "gpu". Returns r.pass.
+// independent check) or "gpu". The line ends with the tolerance it was judged
+// by, "tol abs 1e-12 rel 1e-06 nmse 1e-12" (atol, rtol, max_nmse; --json keeps
+// them exactly, with the reason). Returns r.pass.
 int harness_check(harness_t *h, const char *side, const char *case_name, const char *version,
                   const char *shape, compare_result_t r, tolerance_t tol);
 

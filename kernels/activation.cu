@@ -7,6 +7,7 @@
  * its speed is judged by bytes moved / time against the copy bandwidth.
  */
 #include "kernels/activation.h"
+#include "kernels/versions.h"
 
 #include "common/check.h"
 #include "kernels/activation.cuh"
@@ -126,12 +127,7 @@ static void launch_v2(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I,
 }
 
 extern "C" const char *silu_and_mul_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive";
-    case 2: return "v2-vec16-gridstride";
-    case 3: return "v3-rows-unrolled";
-    default: return NULL;
-    }
+    return kernel_version_name(SILU_AND_MUL_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" int silu_and_mul_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,

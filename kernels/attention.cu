@@ -14,6 +14,7 @@
  * here, so one object file holds them all.
  */
 #include "kernels/attention.h"
+#include "kernels/versions.h"
 
 #include <math.h>
 
@@ -150,21 +151,11 @@ attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const i
 // ---- launchers -------------------------------------------------------------------------
 
 extern "C" const char *attention_prefill_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-block-per-row";
-    case 2: return "v2-flash-mma-bf16";
-    case 3: return "v3-flash-32-rows-per-warp";
-    default: return NULL;
-    }
+    return kernel_version_name(ATTN_PREFILL_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" const char *attention_decode_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-block-per-head";
-    case 2: return "v2-gqa-split";
-    case 3: return "v3-gqa-split-per-row";
-    default: return NULL;
-    }
+    return kernel_version_name(ATTN_DECODE_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 // The checks every launcher shares: heads, head_dim, grid limits.

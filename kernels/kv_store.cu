@@ -8,6 +8,7 @@
  * in its slot (Hkv * D elements), so writes are as coalesced as reads.
  */
 #include "kernels/kv_store.h"
+#include "kernels/versions.h"
 
 #include "common/check.h"
 #include "kernels/common.cuh"
@@ -109,11 +110,7 @@ static void launch_v2(const bf16 *k, long long ks, const bf16 *v, long long vs, 
 }
 
 extern "C" const char *kv_store_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-thread-per-element";
-    case 2: return "v2-vec16-warp-per-token";
-    default: return NULL;
-    }
+    return kernel_version_name(KV_STORE_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" int store_kvcache_cuda(int version, const bf16_t *d_k, long long k_stride, const bf16_t *d_v,

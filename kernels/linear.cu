@@ -36,6 +36,7 @@
  * cost.
  */
 #include "kernels/linear.h"
+#include "kernels/versions.h"
 
 #include "common/check.h"
 #include "kernels/activation.cuh"
@@ -399,12 +400,8 @@ extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, cons
 // ---- the dispatch ------------------------------------------------------------------------
 
 extern "C" const char *linear_version_name(int version) {
-    switch (version) {
-    case LINEAR_AUTO: return "auto";
-    case LINEAR_CUBLAS: return "v1-cublas";
-    case LINEAR_GEMV: return "v2-gemv";
-    default: return NULL;
-    }
+    // LINEAR_AUTO is linear_cuda's choice, not a version: it has no row in the table.
+    return version == LINEAR_AUTO ? "auto" : kernel_version_name(LINEAR_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {

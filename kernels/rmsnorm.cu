@@ -10,6 +10,7 @@
  * squares and the scaling.
  */
 #include "kernels/rmsnorm.h"
+#include "kernels/versions.h"
 
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
@@ -473,12 +474,7 @@ static int check_version(const char *who, int version) {
 }
 
 extern "C" const char *rmsnorm_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-thread-per-row";
-    case 2: return "v2-vec16-one-load-at-a-time";
-    case 3: return "v3-vec16-loads-in-flight";
-    default: return NULL;
-    }
+    return kernel_version_name(RMSNORM_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" int rmsnorm_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_w,

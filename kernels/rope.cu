@@ -16,6 +16,7 @@
  * vectors has all it needs, and no thread touches another's elements.
  */
 #include "kernels/rope.h"
+#include "kernels/versions.h"
 
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
@@ -843,25 +844,11 @@ extern "C" void rope_cache_gpu_free(rope_cache_gpu_t *d_cache) {
 }
 
 extern "C" const char *rope_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-thread-per-pair";
-    case 2: return "v2-vec16-group-per-head-4-heads";
-    case 3: return "v3-vec16-group-per-head-4-tokens";
-    case 4: return "v4-same-as-v3";  // the plain form of v4 is v3's kernel and launch
-    case 6: return "v6-same-as-v3";  // and so is v6's
-    default: return NULL;
-    }
+    return kernel_version_name(ROPE_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" const char *qk_norm_rope_version_name(int version) {
-    switch (version) {
-    case 1: return "v1-naive-thread-per-head";
-    case 2: return "v2-vec16-group-per-head-4-heads";
-    case 3: return "v3-vec16-group-per-head-4-tokens";
-    case 4: return "v4-vec16-group-per-head-2-tokens-fixed-d";
-    case 6: return "v6-1-token-8-blocks-cossin-in-regs";  // the sweep winner (rope_fused.cuh: TOK 1, MINB 8, COSSIN 1, MATH 1)
-    default: return NULL;
-    }
+    return kernel_version_name(QK_NORM_ROPE_VERSION_TABLE, version);  // kernels/versions.h
 }
 
 extern "C" int rope_cuda(int version, bf16_t *d_q, long long q_stride, bf16_t *d_k, long long k_stride,

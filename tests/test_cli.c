@@ -63,3 +63,70 @@ Test(cli, unwritable_json_path_fails_cleanly) {
     cr_expect_eq(run_command(cmd, out, sizeof out), 1);
     cr_expect(strstr(out, "/no/such/dir/x.json") != NULL, "%s", out);
 }
+
+// --kernel N (llm.c's `./layernorm_forward 4`): each GPU chapter's versions
+// with the name of its last one, which a wrong N must list.
+static const struct {
+    const char *chapter, *last_version;
+} KERNEL_CHAPTERS[] = {
+    {"01-activation", "3  v3-rows-unrolled"},
+    {"02-rmsnorm", "3  v3-vec16-loads-in-flight"},
+    {"03-linear-tp", "2  v2-gemv"},
+    {"04-embedding", "1  v1"},
+    {"05-rope", "6  rope v6-same-as-v3, qk_norm_rope v6-1-token-8-blocks-cossin-in-regs"},
+    {"06-kv-store", "2  v2-vec16-warp-per-token"},
+    {"07-attention", "3  prefill v3-flash-32-rows-per-warp, decode v3-gqa-split-per-row"},
+};
+#define N_KERNEL_CHAPTERS (sizeof KERNEL_CHAPTERS / sizeof KERNEL_CHAPTERS[0])
+
+Test(cli, kernel_that_is_no_version_exits_2_listing_the_versions) {
+    char cmd[512], out[8192];
+    for (size_t i = 0; i < N_KERNEL_CHAPTERS; i++) {
+        const char *c = KERNEL_CHAPTERS[i].chapter;
+        snprintf(cmd, sizeof cmd, "./%s/%s --kernel 99 2>&1", MV_BUILD_DIR, c);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s --kernel 99: %s", c, out);
+        cr_expect(strstr(out, "--kernel 99: no such version") != NULL, "%s: %s", c, out);
+        cr_expect(strstr(out, KERNEL_CHAPTERS[i].last_version) != NULL, "%s: no '%s' in: %s", c,
+                  KERNEL_CHAPTERS[i].last_version, out);
+        snprintf(cmd, sizeof cmd, "./%s/%s --kernel abc 2>&1", MV_BUILD_DIR, c);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s --kernel abc: %s", c, out);
+        cr_expect(strstr(out, "'abc'") != NULL, "%s: %s", c, out);
+        snprintf(cmd, sizeof cmd, "./%s/%s --help 2>&1", MV_BUILD_DIR, c);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 0, "%s --help", c);
+        cr_expect(strstr(out, "--kernel N") != NULL && strstr(out, KERNEL_CHAPTERS[i].last_version) != NULL,
+                  "%s --help lists neither --kernel nor the versions: %s", c, out);
+    }
+    // Rope has no version 5 (kernels/rope.h): a gap in the numbers is no version either.
+    snprintf(cmd, sizeof cmd, "./%s/05-rope --kernel 5 2>&1", MV_BUILD_DIR);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 2, "05-rope --kernel 5: %s", out);
+}
+
+Test(cli, kernel_in_a_host_only_chapter_is_an_error) {
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof cmd, "./%s/08-scheduler --kernel 1 2>&1", MV_BUILD_DIR);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s", out);
+    cr_expect(strstr(out, "no kernels") != NULL, "%s", out);
+}
+
+// Without the GPU half --kernel selects nothing that runs, and says so; the
+// CPU self-checks run and pass as ever.
+Test(cli, kernel_with_cpu_says_the_gpu_half_is_skipped) {
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof cmd, "./%s/01-activation --cpu --kernel 2 2>&1", MV_BUILD_DIR);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    cr_expect(strstr(out, "GPU half skipped") != NULL && strstr(out, "--kernel 2") != NULL, "%s", out);
+    cr_expect(strstr(out, "PASS cpu") != NULL, "%s", out);
+}
+
+// Every comparison's line shows the tolerance it was judged by: 01's
+// hand-computed values are judged by atol 1e-12, rtol 1e-6, NMSE 1e-12.
+Test(cli, check_lines_show_their_tolerance) {
+    char cmd[512], out[8192];
+    snprintf(cmd, sizeof cmd, "./%s/01-activation --cpu 2>&1", MV_BUILD_DIR);
+    cr_assert_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+    const char *line = strstr(out, "  PASS cpu hand-values");
+    cr_assert_not_null(line, "%s", out);
+    const char *eol = strchr(line, '\n');
+    const char *tol = strstr(line, "  tol abs 1e-12 rel 1e-06 nmse 1e-12\n");
+    cr_expect(tol != NULL && tol < eol, "no tolerance on the line: %.*s", (int)(eol - line), line);
+}

@@ -23,6 +23,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/activation.h"
 #if MV_HAVE_CUDA
 #include "kernels/activation.h"
@@ -134,6 +135,7 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, int 
     char shape[64];
     snprintf(shape, sizeof shape, "T=%d I=%d%s", T, I, misalign ? " +1 elem" : "");
     for (int v = 1; v <= SILU_AND_MUL_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         run_ctx_t ctx = {v, T, I, d_out, d_in};
         gpu_poison(d_out_base, (n_out + 1) * sizeof(bf16_t));
         MV_CHECK(run_version(&ctx, 0));
@@ -161,8 +163,9 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, int 
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "01-activation", "SiluAndMul: out[T, I] = silu(gate) * up, bf16 in/out, fp32 math",
-                  argc, argv);
+    static const harness_kernel_t kernels[] = {{"silu_and_mul", SILU_AND_MUL_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "01-activation", "SiluAndMul: out[T, I] = silu(gate) * up, bf16 in/out, fp32 math",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

@@ -29,6 +29,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/rmsnorm.h"
 #if MV_HAVE_CUDA
 #include "kernels/rmsnorm.h"
@@ -250,6 +251,7 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, case
     describe(&c, shape, sizeof shape);
     char label[96];
     for (int v = 1; v <= RMSNORM_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         r.version = v;
         CUDA_CHECK(cudaMemcpy(r.d_x, r.d_x_saved, n_x * 2, cudaMemcpyDeviceToDevice));
         if (n_res) CUDA_CHECK(cudaMemcpy(r.d_res, r.d_res_saved, n_res * 2, cudaMemcpyDeviceToDevice));
@@ -298,9 +300,10 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, case
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "02-rmsnorm",
-                  "RMSNorm: plain, fused with the residual add, and per head (q_norm/k_norm); bf16, fp32 math",
-                  argc, argv);
+    static const harness_kernel_t kernels[] = {{"rmsnorm", RMSNORM_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "02-rmsnorm",
+                          "RMSNorm: plain, fused with the residual add, and per head (q_norm/k_norm); bf16, fp32 math",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

@@ -43,6 +43,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/linear.h"
 #if MV_HAVE_CUDA
 #include "common/tp_group.h"
@@ -409,6 +410,7 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
         const int v = versions[vi];
         if (v == LINEAR_CUBLAS && auto_version == LINEAR_CUBLAS) continue;  // the auto run was cuBLAS
         if (v == LINEAR_GEMV && !gemv_applies) continue;
+        if (!harness_kernel_wanted(h, v == LINEAR_AUTO ? auto_version : v)) continue;  // --kernel N: what ran is N
         for (int r = 0; r < tp; r++) {
             MV_CHECK(tp_set_rank(g, r));
             gpu_poison(rb[r].d_y, (size_t)M * rb[r].l.out_local * sizeof(bf16_t));
@@ -586,6 +588,7 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     for (int vi = 0; vi < 3; vi++) {
         const int v = versions[vi];
         const int ran = v == LINEAR_AUTO ? auto_version : v;
+        if (!harness_kernel_wanted(h, ran)) continue;  // --kernel N: what runs is version N
         char label[64];
         snprintf(label, sizeof label, "%s", v == LINEAR_AUTO ? "linear_cuda (auto)" : linear_version_name(v));
         gpu_poison(d_y, (ny + Y_GUARD) * sizeof(bf16_t));
@@ -879,6 +882,7 @@ static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
         c.M = Ms[i];
         for (int v = LINEAR_CUBLAS; v <= LINEAR_GEMV; v++) {
             if (v == LINEAR_GEMV && !linear_gemv_applies(c.d_x, c.d_w, c.M, K)) continue;
+            if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
             c.version = v;
             char label[64], shape[64];
             snprintf(label, sizeof label, "%s %s", s->name, linear_version_name(v));
@@ -935,9 +939,11 @@ static void time_all_reduce(harness_t *h, tp_group_t *g, int M, int hidden) {
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "03-linear-tp",
-                  "tensor-parallel linear layers (replicated, column, merged, QKV, row) over cuBLAS and NCCL",
-                  argc, argv);
+    // linear_cuda's automatic choice (LINEAR_AUTO) is checked as the version it picks.
+    static const harness_kernel_t kernels[] = {{"linear", LINEAR_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "03-linear-tp",
+                          "tensor-parallel linear layers (replicated, column, merged, QKV, row) over cuBLAS and NCCL",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 
@@ -970,22 +976,27 @@ int main(int argc, char **argv) {
         CUBLAS_CHECK(cublasCreate(&handle));
         for (size_t i = 0; i < sizeof SMALL_M_CASES / sizeof SMALL_M_CASES[0]; i++)
             check_small_m(&h, handle, &rng, &SMALL_M_CASES[i]);
-        check_gemv_invariance(&h, handle, &rng);
+        // The GEMV's own properties and its fused form are version 2's.
+        if (harness_kernel_wanted(&h, LINEAR_GEMV)) {
+            check_gemv_invariance(&h, handle, &rng);
 
-        harness_section(&h, "GPU: the down projection with SiluAndMul folded into the GEMV, with and without "
-                            "programmatic dependent launch");
-        for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
-            for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
-                check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl);
-        check_silu_gemv_refusals(&h);
+            harness_section(&h, "GPU: the down projection with SiluAndMul folded into the GEMV, with and without "
+                                "programmatic dependent launch");
+            for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
+                for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
+                    check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl);
+            check_silu_gemv_refusals(&h);
+        }
         if (h.do_timing) {
             int big_M[] = {4096, 16384};
             for (size_t i = 0; i < 4; i++)
                 for (int k = 0; k < 2; k++) check_layer(&h, &rng, &QWEN3_LAYERS[i], big_M[k], &groups);
 
-            harness_section(&h, "Timing on GPU 0: Qwen3-0.6B projections, whole (tp = 1) and one tp = 2 shard");
             int time_M[] = {1, 8, 64, 256, 4096, 16384};
-            for (size_t i = 0; i < 4; i++) {
+            // cuBLAS (version 1) forced: these rows are version 1's.
+            if (harness_kernel_wanted(&h, LINEAR_CUBLAS))
+                harness_section(&h, "Timing on GPU 0: Qwen3-0.6B projections, whole (tp = 1) and one tp = 2 shard");
+            for (size_t i = 0; i < 4 && harness_kernel_wanted(&h, LINEAR_CUBLAS); i++) {
                 const layer_spec_t *s = &QWEN3_LAYERS[i];
                 tp_linear_t l1, l2;
                 MV_CHECK(make_layer(s, 1, 0, &l1));

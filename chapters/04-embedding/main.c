@@ -386,8 +386,14 @@ static void time_all(harness_t *h, rng_t *rng, const vocab_config_t *c, const bf
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "04-embedding", "vocabulary-parallel embedding and LM head (masked lookups, all-reduce, logits to rank 0)",
-                  argc, argv);
+    // One version of each kernel here (embedding_cuda, gather_last_tokens_cuda,
+    // vocab_assemble_logits_cuda; the LM head is chapter 03's linear_cuda):
+    // --kernel 1 runs everything, as no --kernel does.
+    static const kernel_version_t ONE_VERSION[] = {{1, "v1 (the only version of each kernel here)"}, {0, NULL}};
+    static const harness_kernel_t kernels[] = {{"embedding", ONE_VERSION}, {NULL, NULL}};
+    harness_begin_kernels(&h, "04-embedding",
+                          "vocabulary-parallel embedding and LM head (masked lookups, all-reduce, logits to rank 0)",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

@@ -42,6 +42,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/rmsnorm.h"
 #include "reference/rope.h"
 #if MV_HAVE_CUDA
@@ -527,6 +528,7 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, rcas
     bf16_t guard_lo[GUARD + 1], guard_hi[GUARD + 1];
     for (int v = 1; v <= ROPE_MAX_VERSION; v++) {
         if (!rope_version_name(v)) continue;  // a number no version has (5)
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         r.version = v;
         snprintf(label, sizeof label, "%s %s", what, c.fused ? qk_norm_rope_version_name(v) : rope_version_name(v));
         gpu_poison(base, alloc * 2);
@@ -587,10 +589,12 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, rcas
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "05-rope",
-                  "RoPE (rotate_half, fp32 cos/sin cache, llama3 scaling) and Qwen3's fused q_norm/k_norm + RoPE; "
-                  "bf16, fp32 math",
-                  argc, argv);
+    static const harness_kernel_t kernels[] = {
+        {"rope", ROPE_VERSION_TABLE}, {"qk_norm_rope", QK_NORM_ROPE_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "05-rope",
+                          "RoPE (rotate_half, fp32 cos/sin cache, llama3 scaling) and Qwen3's fused q_norm/k_norm + RoPE; "
+                          "bf16, fp32 math",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

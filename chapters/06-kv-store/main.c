@@ -44,6 +44,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/kv_store.h"
 #if MV_HAVE_CUDA
 #include "kernels/kv_store.h"
@@ -342,6 +343,7 @@ static void check_steps(harness_t *h, rng_t *rng, kcase_t c) {
     }
     char shape[96], label[96], detail[256];
     for (int v = 1; v <= KV_STORE_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         poison_host(want_k, cache_n * 2);
         poison_host(want_v, cache_n * 2);
         gpu_poison(d_kc, cache_n * 2);
@@ -415,6 +417,7 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, kcas
     // Qwen3-0.6B: 8 * 128 * 2 * 2 * 2 + 4 = 8196 bytes per token.
     const double bytes = (double)T * ((double)row * 2 * 2 * 2 + 4);
     for (int v = 1; v <= KV_STORE_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         r.version = v;
         gpu_poison(d_kc, cache_n * 2);
         gpu_poison(d_vc, cache_n * 2);
@@ -453,9 +456,10 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, kcas
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "06-kv-store",
-                  "Paged KV cache store: k/v rows into [num_blocks, block_size, Hkv, D] slots (slot -1 skipped); bf16, exact",
-                  argc, argv);
+    static const harness_kernel_t kernels[] = {{"store_kvcache", KV_STORE_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "06-kv-store",
+                          "Paged KV cache store: k/v rows into [num_blocks, block_size, Hkv, D] slots (slot -1 skipped); bf16, exact",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

@@ -58,6 +58,7 @@
 #include "common/compare.h"
 #include "common/harness.h"
 #include "common/rng.h"
+#include "kernels/versions.h"
 #include "reference/attention.h"
 
 // ---- tolerances: each with its reason ------------------------------------------
@@ -355,9 +356,11 @@ static bf16_t *run_once(const run_t *r, size_t *n) {
 }
 
 // Run once and compare with `ref` (float, [rows, H, D]).
-// Returns the bf16 output on the host (caller frees) when keep is set.
+// Returns the bf16 output on the host (caller frees) when keep is set; runs
+// nothing and returns NULL for a version --kernel left out.
 static bf16_t *check_run(harness_t *h, const char *case_name, const run_t *r, const float *ref, tolerance_t tol,
                          const char *shape, int keep) {
+    if (!harness_kernel_wanted(h, r->version)) return NULL;  // --kernel N: version N alone
     const dcase_t *d = r->d;
     size_t n;
     bf16_t *got = run_once(r, &n);
@@ -619,8 +622,8 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_
     for (int i = 0; i < nruns; i++) check_run(h, case_name, &runs[i], ref, tol, shape, 0);
     char label[64];
     snprintf(label, sizeof label, "%s", attention_decode_version_name(1));
-    harness_timing(h, case_name, label, shape, time_run(h, &r1, 20), bytes, 0, 0);
-    for (int i = 0; i < nruns; i++) {
+    if (harness_kernel_wanted(h, 1)) harness_timing(h, case_name, label, shape, time_run(h, &r1, 20), bytes, 0, 0);
+    for (int i = 0; i < nruns && harness_kernel_wanted(h, 2); i++) {
         snprintf(label, sizeof label, "%s, %d split%s", attention_decode_version_name(2),
                  i == 0 ? auto_splits : 1, (i == 0 ? auto_splits : 1) > 1 ? "s" : "");
         harness_timing(h, case_name, label, shape, time_run(h, &runs[i], 50), bytes, 0, i == 0 ? target_pct : 0);
@@ -631,6 +634,7 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_
     // each sequence's context.
     const int bound = ctx > 4096 ? ctx : 4096, graph_splits = attention_decode_num_splits(S, Hkv, bound, bs);
     for (int v = 2; v <= 3; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         run_t rg = {RUN_DECODE, v, graph_splits, bound, &d};
         check_run(h, case_name, &rg, ref, tol, shape, 0);
         snprintf(label, sizeof label, "%s, %d split%s, bound %d", attention_decode_version_name(v), graph_splits,
@@ -663,9 +667,10 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
     const tolerance_t tol = tol_vs_v1(1, d.max_abs_v);
     char label[64];
     snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(1));
-    harness_timing(h, case_name, label, shape, time_run(h, &r1, naive_reps), 0, flops, 0);
+    if (harness_kernel_wanted(h, 1)) harness_timing(h, case_name, label, shape, time_run(h, &r1, naive_reps), 0, flops, 0);
     // Every flash version (2 and up), paged and varlen: checked, then timed.
     for (int v = 2; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
         run_t paged = {RUN_PAGED, v, 0, 0, &d}, varlen = {RUN_VARLEN, v, 0, 0, &d};
         check_run(h, case_name, &paged, ref, tol, shape, 0);
         check_run(h, case_name, &varlen, ref_varlen, tol, shape, 0);
@@ -682,9 +687,11 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
 
 int main(int argc, char **argv) {
     harness_t h;
-    harness_begin(&h, "07-attention",
-                  "attention over the paged KV cache: prefill (prefix hits, chunks) and decode, GQA; fp32 math", argc,
-                  argv);
+    static const harness_kernel_t kernels[] = {
+        {"prefill", ATTN_PREFILL_VERSION_TABLE}, {"decode", ATTN_DECODE_VERSION_TABLE}, {NULL, NULL}};
+    harness_begin_kernels(&h, "07-attention",
+                          "attention over the paged KV cache: prefill (prefix hits, chunks) and decode, GQA; fp32 math",
+                          argc, argv, kernels);
     rng_t rng;
     rng_seed(&rng, h.seed);
 

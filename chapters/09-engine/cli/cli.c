@@ -163,8 +163,8 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
         return cli_error(cmd, CLI_FAIL, "--device %s: %s (use --device cpu)", a->device, why);
     if (ec->tp_size > 1 && ec->device == RUNNER_DEVICE_CUDA)
         return cli_error(cmd, CLI_USAGE, "--tensor-parallel-size %d: the cuda backend runs with "
-                                         "--tensor-parallel-size 1 only so far; the NCCL path is issue 17's GPU "
-                                         "half (use --device cpu)", ec->tp_size);
+                                         "--tensor-parallel-size 1 only so far; its NCCL path is not built "
+                                         "(use --device cpu)", ec->tp_size);
     return CLI_OK;
 }
 
