@@ -1,8 +1,8 @@
 /*
  * tests/test_fuzz.c - in-process fuzzing of every parser that reads a file
  * or a line from outside: the safetensors header and layout, config.json,
- * tokenizer.json (loading) and the tokenizer's encoder, and the JSONL
- * request lines of `generate` / `bench`.
+ * tokenizer.json (loading) and the tokenizer's encoder, the JSONL request
+ * lines of `generate` / `bench`, and the server's request bodies.
  *
  * Each target takes bytes and must never crash, hang or break an invariant:
  *   safetensors  st_open_file: refused with a message, or every tensor's
@@ -19,6 +19,10 @@
  *   requests     cli_requests_add_line: refused, or ids in the vocabulary and
  *                sampling values the sampler accepts; a line holding a NUL is
  *                never accepted.
+ *   api          the server's bodies, api_parse_request (serve/openai.c) for
+ *                /v1/completions or /v1/chat/completions: refused with an
+ *                HTTP status and a message, or prompts inside the vocabulary
+ *                and the context and sampling values the sampler accepts.
  *
  * Two drivers, one set of targets:
  *   - `make test` (CI, gcc, no clang needed): a deterministic mutation fuzzer
@@ -28,7 +32,7 @@
  *     Under SANITIZE=1 it runs with ASan and UBSan. A longer local run is one
  *     command:  MV_FUZZ_RUNS=1000000 MV_FUZZ_SECONDS=600 build/tests/test_fuzz
  *     (MV_FUZZ_SEED=N draws another sequence).
- *   - libFuzzer, with clang (coverage-guided): `make fuzz` builds the five
+ *   - libFuzzer, with clang (coverage-guided): `make fuzz` builds the six
  *     targets with ASan and UBSan and runs each for FUZZ_SECONDS (default
  *     60) from the committed corpus tests/fuzz/corpus/TARGET/ (the seeds
  *     below, written out by MV_FUZZ_WRITE_SEEDS=DIR); CI runs it. By hand,
@@ -39,7 +43,7 @@
  *                chapters/08-scheduler/sched chapters/03-linear-tp common reference -name '*.c' -not -name main.c) \
  *         -lcjson -lpcre2-8 -lutf8proc -lxxhash -lm -lpthread -o /tmp/fuzz_st && /tmp/fuzz_st -max_total_time=600
  *     (MV_FUZZ_TARGET: fuzz_safetensors, fuzz_config, fuzz_tokenizer_load,
- *     fuzz_encode, fuzz_requests).
+ *     fuzz_encode, fuzz_requests, fuzz_api).
  *
  * The request target compiles cli/cli.c and cli/requests.c into this test
  * (they belong to the minivllm program, not to a library archive).
@@ -60,6 +64,7 @@
 #include "chapters/09-engine/model/qwen3_weights.h"
 #include "chapters/09-engine/model/safetensors.h"
 #include "chapters/09-engine/runtime/sampler.h"
+#include "chapters/09-engine/serve/openai.h"
 #include "chapters/09-engine/text/tokenizer.h"
 #include "common/check.h"
 
@@ -295,17 +300,59 @@ int fuzz_requests(const uint8_t *data, size_t n) {
     memcpy(line, data, n);
     line[n] = '\0';
     int has_nul = memchr(data, 0, n) != NULL;
-    if (cli_requests_add_line(&c, line, n, 1) == 0 && c.n == 1) {
-        const cli_request_t *r = &c.reqs[0];
+    if (cli_requests_add_line(&c, line, n, 1) == 0 && c.n >= 1) {
         fuzz_accepted++;
         CHECK(!has_nul, "a line holding a NUL byte was accepted");
-        CHECK(r->prompt.len > 0, "an empty prompt was accepted");
-        for (size_t i = 0; i < r->prompt.len; i++)
-            CHECK(r->prompt.data[i] >= 0 && (encode_tok || r->prompt.data[i] < 512), "prompt id %d", r->prompt.data[i]);
-        CHECK(r->params.max_tokens >= 1 && sampler_validate_params(&r->params) == 0, "sampling values");
+        CHECK(c.n == c.reqs[0].n && c.n <= CLI_MAX_N, "a line of n = %d gave %d requests", c.reqs[0].n, c.n);
+        for (int k = 0; k < c.n; k++) {  // "n": each sample the same request, sample k
+            const cli_request_t *r = &c.reqs[k];
+            CHECK(r->sample == k && r->prompt.len == c.reqs[0].prompt.len, "sample %d", k);
+            CHECK(r->prompt.len > 0, "an empty prompt was accepted");
+            for (size_t i = 0; i < r->prompt.len; i++)
+                CHECK(r->prompt.data[i] >= 0 && (encode_tok || r->prompt.data[i] < 512), "prompt id %d",
+                      r->prompt.data[i]);
+            CHECK(r->params.max_tokens >= 1 && sampler_validate_params(&r->params) == 0, "sampling values: %s",
+                  mv_last_error());
+            for (int j = 0; j < r->stop.n; j++) CHECK(r->stop.ids[j] >= 0 && r->stop.ids[j] < 512, "stop id");
+        }
     }
     cli_requests_free(&c);
     free(line);
+    return 0;
+}
+
+// The server's bodies (serve/openai.c), the first byte choosing the endpoint:
+// refused with an HTTP status and a message, or prompts inside the vocabulary
+// and the context, and every choice's sampling values ones the sampler accepts.
+int fuzz_api(const uint8_t *data, size_t n) {
+    encode_tok_init();
+    if (n == 0) return 0;
+    const api_kind_t kind = data[0] & 1 ? API_CHAT : API_COMPLETIONS;
+    const api_context_t ctx = {.served_model_name = "tiny", .tokenizer = encode_tok,
+                               .vocab_size = tokenizer_n_ids(encode_tok), .max_model_len = 256,
+                               .defaults = {.temperature = 0.6f, .top_k = 20, .top_p = 0.95f}};
+    api_request_t r = {0};
+    api_error_t err = {0};
+    if (api_parse_request(kind, (const char *)data + 1, n - 1, &ctx, &r, &err)) {
+        CHECK(err.status >= 400 && err.status < 600 && err.message[0], "a refusal with status %d and message '%s'",
+              err.status, err.message);
+    } else {
+        fuzz_accepted++;
+        CHECK(r.num_prompts >= 1 && r.n >= 1 && r.n <= API_MAX_N, "%d prompts, n %d", r.num_prompts, r.n);
+        CHECK(api_num_choices(&r) == r.num_prompts * r.n, "choices %d", api_num_choices(&r));
+        for (int i = 0; i < r.num_prompts; i++) {
+            const tok_ids_t *p = &r.prompts[i];
+            CHECK(p->len >= 1 && (int)p->len <= ctx.max_model_len, "prompt %d: %zu ids", i, p->len);
+            for (size_t k = 0; k < p->len; k++)
+                CHECK(p->data[k] >= 0 && p->data[k] < ctx.vocab_size, "prompt %d id %d", i, p->data[k]);
+            sampling_params_t sp = r.params;
+            sp.max_tokens = api_max_tokens(&r, &ctx, i);
+            CHECK(sp.max_tokens >= 1 && sampler_validate_params(&sp) == 0, "prompt %d sampling: %s", i, mv_last_error());
+        }
+        for (int k = 0; k < r.num_stop_token_ids; k++)
+            CHECK(r.stop_token_ids[k] >= 0 && r.stop_token_ids[k] < ctx.vocab_size, "stop id");
+    }
+    api_request_free(&r);
     return 0;
 }
 
@@ -526,5 +573,22 @@ Test(fuzz, request_lines) {
     seed_t seeds[6];
     for (int i = 0; i < 6; i++) seeds[i] = (seed_t){(const uint8_t *)lines[i], strlen(lines[i])};
     drive("requests", fuzz_requests, seeds, 6, 100000);
+}
+
+Test(fuzz, server_bodies) {
+    // The first byte picks the endpoint: '0' completions, '1' chat.
+    static const char *bodies[] = {
+        "0{\"model\": \"tiny\", \"prompt\": [1, 2, 3], \"max_tokens\": 4, \"n\": 2, \"seed\": 3, \"logprobs\": 2}",
+        "0{\"prompt\": [\"hello\", [5, 6]], \"presence_penalty\": 0.5, \"min_p\": 0.1, \"stream\": true, "
+        "\"stream_options\": {\"include_usage\": true}, \"stop\": [\"\\n\"]}",
+        "1{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, \"top_logprobs\": 3, "
+        "\"min_tokens\": 2, \"max_tokens\": 8, \"repetition_penalty\": 1.2}",
+        "1{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": \"user\", \"content\": \"x\"}], "
+        "\"chat_template_kwargs\": {\"enable_thinking\": false}, \"stop_token_ids\": [2]}",
+        "0{\"prompt\": \"a\", \"frequency_penalty\": 3}", "1{}", "0[]"};
+    enum { N = sizeof bodies / sizeof *bodies };
+    seed_t seeds[N];
+    for (int i = 0; i < N; i++) seeds[i] = (seed_t){(const uint8_t *)bodies[i], strlen(bodies[i])};
+    drive("api", fuzz_api, seeds, N, 100000);
 }
 #endif

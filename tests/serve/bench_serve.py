@@ -6,8 +6,9 @@ script times the server: it sends the same workload to `POST /v1/completions` as
 requests, arriving one after another at a given rate (a Poisson process) or all at once, and
 times each request from the client's side, as a user of the server sees it.
 
-    # On the GPU machine: Qwen3-0.6B's config.json and tokenizer.json, random weights (no weights file).
-    M=../shared/models/qwen3-0.6b
+    # Qwen3-0.6B's config.json and tokenizer.json, random weights (no weights file needed);
+    # tests/gpu/serve_bench.sh runs exactly this on the GPU machine, beside minivllm bench.
+    M=models/Qwen3-0.6B
     ./build/minivllm serve --model $M --random-weights --device cuda --port 8000 &
     for r in 4 16 64 inf; do
         python3 tests/serve/bench_serve.py --model-dir $M --ready-check-timeout-sec 600 \\
