@@ -16,7 +16,8 @@
 #   NO_MPI=1                 build without MPI even when mpicc is found (then
 #                            --tensor-parallel-size > 1 is refused)
 #   DEPS_PREFIX=/opt/deps    where Debian packages were unpacked with dpkg -x
-#                            (the GPU machine, which has no package registry)
+#                            (the GPU machine, which has no package registry;
+#                            Open MPI's mpi.h is looked for there too)
 #   MODEL=DIR                `make run` ends by generating from this Hugging Face
 #                            Qwen3 directory (weights + tokenizer), PROMPT="..."
 
@@ -118,6 +119,20 @@ else
   MPI_LIBS   := $(shell $(MPICC) --showme:link 2>/dev/null)
   HAVE_MPI   := $(shell test -n "$(MPI_LIBS)" && printf '\043include <mpi.h>\n' | $(CC) -E -x c $(MPI_CFLAGS) - \
                   >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+# No mpicc, or none whose mpi.h compiles, but Open MPI's header unpacked
+# under DEPS_PREFIX (the GPU machine: it has Open MPI's mpirun and libmpi, and
+# libopenmpi-dev's deb travels in .deps/, tests/gpu/tp_check.sh): that
+# include directory, and the machine's own libmpi.so.40 (the deb's libmpi.so
+# link points into a libopenmpi3 that was not unpacked), when both work.
+DEPS_MPI_INC := $(if $(DEPS_PREFIX),$(DEPS_PREFIX)/usr/lib/x86_64-linux-gnu/openmpi/include)
+ifeq ($(NO_MPI)$(HAVE_MPI),00)
+  ifneq ($(wildcard $(DEPS_MPI_INC)/mpi.h),)
+    MPI_CFLAGS := -I$(DEPS_MPI_INC) -I$(DEPS_MPI_INC)/openmpi
+    MPI_LIBS   := -l:libmpi.so.40
+    HAVE_MPI   := $(shell printf '\043include <mpi.h>\nint main(void) { return MPI_Init(0, 0); }\n' | \
+                    $(CC) -x c $(MPI_CFLAGS) - $(MPI_LIBS) -o /dev/null >/dev/null 2>&1 && echo 1 || echo 0)
+  endif
 endif
 ifeq ($(HAVE_MPI),1)
   CPPFLAGS += -DMV_HAVE_MPI=1 $(MPI_CFLAGS)
@@ -226,7 +241,7 @@ TEST_BINS := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # Keep object files that pattern rules build on the way (make would delete them).
 .SECONDARY:
 
-all: $(CHAPTER_BINS) $(BUILD)/engine_check
+all: $(CHAPTER_BINS) $(BUILD)/engine_check $(BUILD)/tp_allreduce
 	@echo "built $(words $(CHAPTER_BINS)) chapter executable(s) in $(BUILD)/ $(BUILT_WITH)"
 
 # Chapters 01-08 alone: they build even when the engine's code does not.
@@ -241,7 +256,7 @@ BUILT_WITH = (CUDA: $(if $(NVCC),yes$(comma) sm_$(subst $(space),/sm_,$(strip $(
 
 help:
 	@echo "mini-vLLM Lab - make targets (see README.md):"
-	@echo "  make                 build every chapter, build/minivllm and build/engine_check"
+	@echo "  make                 build every chapter, build/minivllm, build/engine_check and build/tp_allreduce"
 	@echo "  make run             every chapter in order, one summary line each, then the engine"
 	@echo "  make test            the tests: Criterion, the chapters in CPU mode, the tokenizer vs Hugging Face"
 	@echo "  make fuzz            the parsers under libFuzzer (clang, ASan + UBSan), FUZZ_SECONDS each (60)"
@@ -283,6 +298,12 @@ $(BUILD)/minivllm: $(call obj,$(CLI_SRC)) $(LIB_SERVE) $(ENGINE_LIBS)
 # transformers' goldens and the GPU sampler against the CPU reference. Built
 # everywhere (--device cpu runs its golden half without a GPU).
 $(BUILD)/engine_check: $(BUILD)/obj/tests/gpu/engine_check.o $(ENGINE_LIBS)
+	$(LINK) $(LDFLAGS) $< $(ENGINE_LIBS) $(ENGINE_LDLIBS) -o $@
+
+# The tensor-parallel collectives' own cost per step (tests/gpu/tp_allreduce.c,
+# run by tests/gpu/tp_check.sh under mpirun). Built everywhere; without CUDA,
+# NCCL or MPI it says so.
+$(BUILD)/tp_allreduce: $(BUILD)/obj/tests/gpu/tp_allreduce.o $(ENGINE_LIBS)
 	$(LINK) $(LDFLAGS) $< $(ENGINE_LIBS) $(ENGINE_LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_LIBS)

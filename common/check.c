@@ -88,4 +88,13 @@ void nccl_check_at(ncclResult_t r, const char *call, const char *file, int line)
     snprintf(what, sizeof what, "ncclResult %d (%s)", (int)r, ncclGetErrorString(r));
     mv_die_at(file, line, call, what);
 }
+
+int nccl_try_at(ncclResult_t r, const char *call, const char *file, int line) {
+    if (r == ncclSuccess) return 0;
+    // ncclGetLastError(NULL): NCCL's message for the last failure of this
+    // thread (which peer, which transport), often more telling than the name.
+    const char *last = ncclGetLastError(NULL);
+    return mv_error("%s failed at %s:%d: ncclResult %d (%s)%s%s", call, file, line, (int)r, ncclGetErrorString(r),
+                    last && *last ? ": " : "", last && *last ? last : "");
+}
 #endif

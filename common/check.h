@@ -6,7 +6,7 @@
  *  - Library code (kernels/, reference/, loaders) never exits. A function
  *    that can fail returns an int: 0 on success, -1 on failure, after it
  *    recorded a message with mv_error(). The caller reads mv_last_error().
- *    CUDA_TRY() turns a failing CUDA call into such a -1.
+ *    CUDA_TRY() (and NCCL_TRY()) turn a failing CUDA (NCCL) call into such a -1.
  *
  *  - Programs (chapter mains, tests, the engine's CLI) stop at the first
  *    failure: MV_CHECK, CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK and IO_CHECK
@@ -71,6 +71,10 @@ void cublas_check_at(cublasStatus_t st, const char *call, const char *file, int 
 #if MV_HAVE_NCCL
 void nccl_check_at(ncclResult_t r, const char *call, const char *file, int line);
 #define NCCL_CHECK(call) nccl_check_at((call), #call, __FILE__, __LINE__)
+// Library code: 0, or -1 with mv_error() naming the call, file:line,
+// ncclGetErrorString's name and NCCL's own last message (ncclGetLastError).
+int nccl_try_at(ncclResult_t r, const char *call, const char *file, int line);
+#define NCCL_TRY(call) nccl_try_at((call), #call, __FILE__, __LINE__)
 #endif
 
 #ifdef __cplusplus

@@ -9,11 +9,17 @@
  *     the tiny trained checkpoints: tied (4 heads, 2 KV heads: split at tp 2,
  *     each copied on 2 ranks at tp 4), untied (1 KV head, copied on every
  *     rank; an untied LM head), mha (2 heads, tp 2);
+ *   - with --random-weights (every rank draws the whole model from the seed
+ *     and keeps its shard: what the GPU checks of Qwen3's shapes rely on),
+ *     tp 2's first-step logits are tp 1's up to fp32 summation order;
  *   - a size tp does not divide is refused before loading, naming it;
  *   - a rank that cannot load (its own --model without weights, given by
  *     mpirun's "A : B" form) ends every rank non-zero with a message naming
  *     the rank and the cause, and so does a rank started with other sizes
  *     (the load's agreement); neither hangs (timeout(1) around mpirun);
+ *   - a rank killed (SIGKILL) while serving, rank 1 (rank 0 idle) or rank 0
+ *     (rank 1 inside a collective), ends the whole job with mpirun naming
+ *     the rank and the signal, within seconds;
  *   - -tp 2 without mpirun, a world of another size, and mpirun -np 2
  *     without -tp are refused;
  *   - engine_memory_estimate at tp 4 is exactly what rank 0 allocated (the
@@ -38,6 +44,7 @@
  */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +207,74 @@ Test(tp_mpi, mha_tp2_matches_tp1_and_hf) {
     check_tp_equals_tp1_and_golden("tests/data/tiny-qwen3-mha", tps, 1);
 }
 
+// ---- random weights: the same model at every tp ---------------------------------------------
+
+// A .npy file's float32 data (numpy format 1.0 or 2.0, as generate's
+// --logits-out writes it); *n values. The caller frees it.
+static float *npy_floats(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    unsigned char head[12];
+    cr_assert_eq(fread(head, 1, sizeof head, f), sizeof head);
+    cr_assert(memcmp(head, "\x93NUMPY", 6) == 0, "%s is not a .npy file", path);
+    const long data = head[6] == 1 ? 10L + (head[8] | head[9] << 8)
+                                   : 12L + (head[8] | head[9] << 8 | (long)head[10] << 16 | (long)head[11] << 24);
+    fseek(f, 0, SEEK_END);
+    const long end = ftell(f);
+    *n = (size_t)(end - data) / sizeof(float);
+    float *v = malloc(*n * sizeof *v + 1);
+    fseek(f, data, SEEK_SET);
+    cr_assert_eq(fread(v, sizeof *v, *n, f), *n);
+    fclose(f);
+    return v;
+}
+
+// Tolerance: the CPU backend's ranks add fp32 partial sums, so tp 2 differs
+// from tp 1 by summation order only (the golden tests above see no id
+// change); 1e-9 NMSE is the bound build/engine_check uses for that. A shard
+// drawn from another model, or misplaced, gives NMSE of order 1.
+#define TP_RANDOM_LOGITS_NMSE_TOL 1e-9
+
+Test(tp_mpi, random_weights_tp2_first_logits_equal_tp1) {
+    need_mpi();
+    // tiny-qwen3-untied's shapes (its config.json only is read): an untied LM
+    // head and a KV head copied on both ranks.
+    char in[128], l1[128], l2[128], cmd[2048];
+    static char log[1 << 16];
+    snprintf(in, sizeof in, "/tmp/mv-test-tp-rw-in-%d.jsonl", (int)getpid());
+    snprintf(l1, sizeof l1, "/tmp/mv-test-tp-rw-1-%d.npy", (int)getpid());
+    snprintf(l2, sizeof l2, "/tmp/mv-test-tp-rw-2-%d.npy", (int)getpid());
+    FILE *f = fopen(in, "w");
+    cr_assert_not_null(f);
+    fputs("{\"prompt_token_ids\": [5, 6, 7, 300], \"max_tokens\": 1, \"temperature\": 0}\n"
+          "{\"prompt_token_ids\": [41], \"max_tokens\": 1, \"temperature\": 0}\n", f);
+    fclose(f);
+    const char *args = "generate --model tests/data/tiny-qwen3-untied --random-weights --seed 3 --device cpu "
+                       "--threads 1 --ordered --output /dev/null";
+    snprintf(cmd, sizeof cmd, "./%s/minivllm %s --input %s --logits-out %s 2>&1", MV_BUILD_DIR, args, in, l1);
+    cr_assert_eq(run_command(cmd, log, sizeof log), 0, "tp 1:\n%s", log);
+    snprintf(cmd, sizeof cmd, MPIRUN " -np 2 ./%s/minivllm %s -tp 2 --input %s --logits-out %s 2>&1", MV_BUILD_DIR,
+             args, in, l2);
+    cr_assert_eq(run_command(cmd, log, sizeof log), 0, "tp 2:\n%s", log);
+    size_t n1 = 0, n2 = 0;
+    float *a = npy_floats(l1, &n1), *b = npy_floats(l2, &n2);
+    cr_assert(n1 == n2 && n1 > 0, "tp 1 wrote %zu logits, tp 2 %zu", n1, n2);
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < n1; i++) {
+        cr_assert(isfinite(a[i]) && isfinite(b[i]), "logit %zu is not finite (tp 1 %g, tp 2 %g)", i, a[i], b[i]);
+        err += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        ref += (double)a[i] * a[i];
+    }
+    cr_assert(ref > 0, "tp 1's logits are all zero");
+    cr_expect(err / ref <= TP_RANDOM_LOGITS_NMSE_TOL, "tp 2 vs tp 1 first-step logits: NMSE %.3e > %g", err / ref,
+              TP_RANDOM_LOGITS_NMSE_TOL);
+    free(a);
+    free(b);
+    remove(in);
+    remove(l1);
+    remove(l2);
+}
+
 // ---- refusals and failures --------------------------------------------------------------
 
 static char *request_file(void) {
@@ -307,4 +382,40 @@ Test(tp_mpi, memory_estimate_is_rank_0s_exact_share) {
     cr_expect_eq(w, mem.runner.weight_bytes);
     cr_expect_eq(kv, mem.runner.kv_cache_bytes);
     cr_expect_eq(sc, mem.runner.scratch_bytes);
+}
+
+// A rank that dies (SIGKILL: no message of its own, no MPI_Abort) stops the
+// whole job, never a hang: `minivllm serve -tp 2` is started, and once it
+// serves, rank `victim` is killed. Killing rank 1 leaves rank 0 idle in its
+// HTTP loop; killing rank 0 leaves rank 1 inside a collective (MPI_Bcast,
+// waiting for the next step). Either way mpirun ends every rank and says
+// which one died and how, within seconds (timeout(1) would give 124).
+static void kill_one_rank(int victim) {
+    static char log[1 << 16];
+    char cmd[4096], out[128];
+    snprintf(out, sizeof out, "/tmp/mv-test-tp-kill-%d-%d.log", victim, (int)getpid());
+    // --served-model-name makes these processes' command line unique, for pgrep.
+    snprintf(cmd, sizeof cmd,
+             "(" MPIRUN " -np 2 ./%s/minivllm serve --model tests/data/tiny-qwen3-tied --device cpu -tp 2 --threads 1 "
+             "--port 0 --served-model-name tp-kill-%d-%d > %s 2>&1; echo \"mpirun exit $?\" >> %s) & "
+             "for i in $(seq 600); do grep -q 'serving on' %s && break; sleep 0.1; done; "
+             "for p in $(pgrep -f 'served-model-name tp-kill-%d-%d'); do "
+             "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=%d' && kill -9 $p; done; "
+             "wait; cat %s",
+             MV_BUILD_DIR, victim, (int)getpid(), out, out, out, victim, (int)getpid(), victim, out);
+    run_command(cmd, log, sizeof log);
+    remove(out);
+    char rank[64];
+    snprintf(rank, sizeof rank, "rank %d", victim);
+    cr_expect(strstr(log, "serving on") != NULL, "the server never started:\n%s", log);
+    cr_expect(strstr(log, rank) && strstr(log, "signal 9"), "mpirun does not say that %s died of signal 9:\n%s",
+              rank, log);
+    const char *ex = strstr(log, "mpirun exit ");
+    cr_expect(ex && atoi(ex + 12) != 0 && atoi(ex + 12) != 124, "mpirun's exit (0 or a timeout):\n%s", log);
+}
+
+Test(tp_mpi, a_rank_that_dies_stops_every_rank) {
+    need_mpi();
+    kill_one_rank(1);
+    kill_one_rank(0);
 }

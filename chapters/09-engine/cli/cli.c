@@ -122,8 +122,9 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
         {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a->no_prefix},
         {"--enforce-eager", NULL, "cuda: no CUDA graphs; decode steps launch kernel by kernel", NULL,
          &a->enforce_eager},
-        {"--tensor-parallel-size", "N", "ranks the model is split over, one process each: launch with "
-                                        "`mpirun -np N` (cpu; default 1)", &a->tp_size, NULL},
+        {"--tensor-parallel-size", "N", "ranks the model is split over, one process each (cuda: one GPU "
+                                        "each, over NCCL): launch with `mpirun -np N` (default 1)", &a->tp_size,
+         NULL},
         {"-tp", "N", "the same as --tensor-parallel-size", &a->tp_size, NULL},
     };
     memcpy(opts, o, sizeof o);
@@ -161,10 +162,11 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
     char why[256];
     if (a->device && !model_runner_device_available(ec->device, why, sizeof why))
         return cli_error(cmd, CLI_FAIL, "--device %s: %s (use --device cpu)", a->device, why);
-    if (ec->tp_size > 1 && ec->device == RUNNER_DEVICE_CUDA)
-        return cli_error(cmd, CLI_USAGE, "--tensor-parallel-size %d: the cuda backend runs with "
-                                         "--tensor-parallel-size 1 only so far; its NCCL path is not built "
-                                         "(use --device cpu)", ec->tp_size);
+    // cuda carries the ranks' tensors over NCCL: a build without it runs one GPU only.
+    if (ec->tp_size > 1 && ec->device == RUNNER_DEVICE_CUDA && !MV_HAVE_NCCL)
+        return cli_error(cmd, CLI_USAGE, "--tensor-parallel-size %d: the cuda backend runs its ranks over NCCL, "
+                                         "and this minivllm was built without it (nccl.h was not found at build "
+                                         "time): use --device cpu, or rebuild with NCCL", ec->tp_size);
     return CLI_OK;
 }
 

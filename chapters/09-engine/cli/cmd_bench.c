@@ -855,6 +855,8 @@ static cJSON *config_json(const qwen3_config_t *m, const engine_config_t *c) {
     cJSON_AddNumberToObject(o, "num_blocks", c->num_blocks);
     cJSON_AddNumberToObject(o, "gpu_memory_utilization", c->gpu_memory_utilization);
     cJSON_AddBoolToObject(o, "enable_prefix_caching", c->enable_prefix_caching);
+    // Ranks the model is split over (one process, and on cuda one GPU, each); num_blocks is every rank's.
+    cJSON_AddNumberToObject(o, "tensor_parallel_size", c->tp_size > 1 ? c->tp_size : 1);
     return o;
 }
 

@@ -87,7 +87,8 @@
 static const char GENERATE_USAGE[] =
     "usage: minivllm generate --model DIR [--prompt TEXT]... [--input FILE.jsonl] [--output FILE.jsonl]\n"
     "                         [--ordered] [--chat] [--stream] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                         [--seed S] [--ignore-eos] [--logits-out FILE.npy] [--device cpu|cuda] [engine sizes...]\n"
+    "                         [--seed S] [--ignore-eos] [--logits-out FILE.npy] [--random-weights]\n"
+    "                         [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Generate text with a Qwen3 model directory (config.json, safetensors weights, and\n"
     "tokenizer.json for text prompts). Requests come from --prompt (repeatable) and from the\n"
@@ -103,6 +104,8 @@ static const char GENERATE_USAGE[] =
     "ids, without a tokenizer) on stdout. --stream (one --prompt): the text on stdout as it is\n"
     "sampled, then a newline (the JSON line to --output FILE when given).\n"
     "--logits-out FILE.npy: each request's first-step logits, float32 [requests, vocab] (numpy .npy).\n"
+    "--random-weights: no weights file (DIR needs only config.json), seeded random weights drawn from\n"
+    "--seed as `minivllm bench --random-weights` draws them: real shapes, nonsense text; prompts as ids.\n"
     "Sampling defaults come from generation_config.json (temperature 0 = greedy). A request\n"
     "without \"seed\" gets seed S + its index (S = --seed, default 0): reruns are identical.\n"
     "--device: cuda (bf16 on the GPU, sampling there too) when a CUDA GPU is present, else cpu\n"
@@ -243,7 +246,7 @@ static int write_held_back(gen_ctx_t *c) {
 // Every "--prompt TEXT" / "--prompt=TEXT" (cli_parse keeps only the last).
 static int collect_prompts(int argc, char **argv, const char ***out) {
     static const char *const FLAGS[] = {"--chat", "--ignore-eos", "--no-prefix-caching", "--enforce-eager",
-                                        "--ordered", "--stream"};
+                                        "--ordered", "--stream", "--random-weights"};
     int n = 0;
     *out = calloc((size_t)argc, sizeof **out);
     for (int i = 1; *out && i < argc; i++) {
@@ -320,7 +323,7 @@ static int logits_out_finish(logits_out_t *o, int ok) {
 typedef struct {
     const char *model, *input, *output, *prompt, *max_tokens, *temperature, *top_k, *top_p, *seed, *logits_out;
     cli_engine_args_t eng;
-    int chat, ignore_eos, ordered, stream;
+    int chat, ignore_eos, ordered, stream, random_weights;
 } gen_args_t;
 
 // The command line's sampling values over generation_config.json's.
@@ -433,6 +436,13 @@ static int run_generate(gen_args_t *a, const char **prompts, int n_prompts) {
     int st = cli_engine_config("generate", &a->eng, &ec);
     if (st) return st;
     ec.progress = isatty(STDERR_FILENO);
+    // --random-weights: drawn from --seed as bench draws them, on every rank
+    // (each rank draws the whole model, then keeps its shard).
+    long weights_seed = 0;
+    if (a->random_weights && cli_parse_long("generate", "--seed", a->seed, 0, LONG_MAX, &weights_seed))
+        return CLI_USAGE;
+    ec.random_weights = a->random_weights;
+    ec.weights_seed = (uint64_t)weights_seed;
     if (cli_tp_follower("generate", &ec, &st)) return st;  // ranks other than 0 end here
     gen_ctx_t c = {.rq = {.path = a->input, .model_dir = a->model, .chat = a->chat},
                    .jsonl = a->output != NULL, .ordered = a->ordered, .stream = a->stream};
@@ -487,6 +497,8 @@ int cmd_generate(int argc, char **argv) {
         {"--ignore-eos", NULL, "keep generating after an end-of-sequence token", NULL, &a.ignore_eos},
         {"--logits-out", "FILE", "save each request's first-step logits, float32 [requests, vocab], as .npy",
          &a.logits_out, NULL},
+        {"--random-weights", NULL, "no weights file: seeded random weights (from --seed) for config.json's shapes",
+         NULL, &a.random_weights},
     };
     enum { N_OWN = sizeof own / sizeof *own };
     cli_opt_t opts[N_OWN + CLI_ENGINE_N_OPTS];

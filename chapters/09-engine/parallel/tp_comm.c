@@ -39,6 +39,10 @@ int tp_comm_launched_rank(void) {
     return env_int("OMPI_COMM_WORLD_RANK", env_int("PMIX_RANK", env_int("PMI_RANK", 0)));
 }
 
+int tp_comm_launched_local_rank(void) {
+    return env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("MPI_LOCALRANKID", tp_comm_launched_rank()));
+}
+
 int tp_comm_mpi_started(void) { return mpi_started; }
 
 int tp_comm_open(int size, tp_comm_t *c) {

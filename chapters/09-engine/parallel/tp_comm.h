@@ -24,8 +24,8 @@
  *
  * No transport of our own: everything here is one MPI collective over
  * MPI_COMM_WORLD (Open MPI picks shared memory on one host, TCP across hosts).
- * The CUDA backend's tensors will go over NCCL instead (issue 17's GPU half);
- * MPI will still carry the steps.
+ * The CUDA backend's tensors go over NCCL instead (runtime/runner_cuda.c:
+ * MPI carries the steps and NCCL's unique id, NCCL the activations).
  *
  * Library code: 0 / -1 with mv_error(), never exits (tp_comm_abort aside).
  */
@@ -50,6 +50,10 @@ int tp_comm_launched(void);
 // (1 and 0 when not launched by it): known before MPI starts.
 int tp_comm_launched_size(void);
 int tp_comm_launched_rank(void);
+// This process's rank among the ranks on its own host (Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK, MPICH's MPI_LOCALRANKID), else its world rank:
+// which GPU of the host a rank of the CUDA backend takes.
+int tp_comm_launched_local_rank(void);
 
 // Join the ranks. size 1: a communicator of one, no MPI call (even under
 // mpirun). size > 1: MPI_Init_thread (once per process; MPI_THREAD_SERIALIZED,

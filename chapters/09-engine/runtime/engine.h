@@ -89,7 +89,7 @@ typedef struct {
                                  //    (qwen3_weights_random, std 0.02): for timing, not for text
     uint64_t weights_seed;       // the seed of random_weights
     int tp_size;                 // tensor-parallel ranks (--tensor-parallel-size), 0 = 1; > 1: one process
-                                 // per rank under mpirun, cpu only so far (model_runner.h); the memory
+                                 // per rank under mpirun (cuda: one GPU each, NCCL builds; model_runner.h); the memory
                                  // estimate is then one rank's share
 } engine_config_t;
 

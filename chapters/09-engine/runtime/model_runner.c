@@ -50,7 +50,8 @@ size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runne
 // and tests/test_engine_cpu.c holds it to what cpu_create reports. With
 // tp_size > 1 it is one rank's share (every rank's is the same size: V, I
 // and the query heads split evenly, the KV heads split or copied), and the
-// CPU scratch adds the LM head's logits of this rank and all ranks' gathered.
+// scratch adds the LM head's logits of this rank and all ranks' gathered
+// (fp32 on cpu, bf16 on cuda, whose full-vocabulary logits are rank 0's).
 int model_runner_memory_estimate(const qwen3_config_t *c, const runner_config_t *rc, runner_memory_t *out) {
     *out = (runner_memory_t){0};
     const int tp = rc->tp_size > 1 ? rc->tp_size : 1;
@@ -74,7 +75,8 @@ int model_runner_memory_estimate(const qwen3_config_t *c, const runner_config_t 
         out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * f32 + Sm * H * f32 + (Sm + 1) * sizeof(int32_t) +
                              (tp > 1 ? (1 + (size_t)tp) * Sm * V * f32 : 0);
     else  // the same activations in bf16, and the logits of every row in fp32: a lower bound for cuda
-        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * b16 + Sm * V * f32;
+        out->scratch_bytes = Tm * (3 * H + qkv + 2 * qn + gate_up + I) * b16 + Sm * (size_t)c->vocab_size * f32 +
+                             (tp > 1 ? (1 + (size_t)tp) * Sm * V * b16 : 0);
     out->rope_bytes = (size_t)rc->max_model_len * hd * f32;
     if (!cpu) {
         size_t largest = V * H;
@@ -171,10 +173,12 @@ static int validate_tp(const runner_config_t *rc, const qwen3_config_t *c) {
     const int tp = rc->tp_size > 1 ? rc->tp_size : 1;
     if (rc->tp_size < 0 || rc->tp_size > 64)
         return mv_error("--tensor-parallel-size %d must be in [1, 64]", rc->tp_size);
-    if (tp > 1 && rc->device != RUNNER_DEVICE_CPU)
-        return mv_error("--tensor-parallel-size %d: the %s backend runs with --tensor-parallel-size 1 only so far; "
-                        "the NCCL path is issue 17's GPU half (use --device cpu)",
-                        tp, model_runner_device_name(rc->device));
+    // cuda carries its ranks' tensors over NCCL (runner_cuda.c): a build without it runs one GPU.
+    if (tp > 1 && rc->device == RUNNER_DEVICE_CUDA && !MV_HAVE_NCCL)
+        return mv_error("--tensor-parallel-size %d: the cuda backend runs its ranks over NCCL, and this minivllm "
+                        "was built without it (nccl.h was not found at build time): use --device cpu, or rebuild "
+                        "with NCCL",
+                        tp);
     qwen3_layout_t lo;
     if (qwen3_layout_init(&lo, c, tp, 0)) return mv_error_prefix("--tensor-parallel-size %d", tp);
     return 0;
@@ -290,6 +294,13 @@ int model_runner_create(const qwen3_config_t *cfg, const st_model_t *weights, co
     int ok = same_sizes_as_rank0(r, why_not, sizeof why_not) == 0;
     if (ok && b->create(r, weights)) {
         mv_error_prefix("model runner (%s)", b->name);
+        // A backend that held agreements of its own (cuda at tp > 1, around
+        // starting NCCL) has already told every rank of a failure, naming the
+        // rank: all of them return here, with no second agreement.
+        if (r->failure_agreed) {
+            model_runner_free(r);
+            return -1;
+        }
         snprintf(why_not, sizeof why_not, "%s", mv_last_error());
         ok = 0;
     }
@@ -380,7 +391,10 @@ int model_runner_follow(model_runner_t *r) {
             tp_comm_abort(&r->tp, 1, mv_last_error());
         wire_views(r->wire, T, S, ns, maxb, &in);
         // Rank 0 checked it; checking again costs little and keeps a bad
-        // message from indexing this rank's cache out of bounds.
+        // message from indexing this rank's cache out of bounds. A follower
+        // runs step even when rank 0 runs step_sample (the cuda backend):
+        // both make the same collectives, all of them in the forward pass,
+        // and only rank 0 samples.
         if (validate_step(r, &in) || r->backend->step(r, &in, NULL)) tp_comm_abort(&r->tp, 1, mv_last_error());
     }
 }
@@ -400,7 +414,16 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
                                                   (long long)sp->gen_index[k]);
     }
     if (in->num_tokens == 0) return 0;
-    if (r->backend->step_sample(r, in, sp, sampled, logits)) return -1;
+    if (r->tp.size == 1) {
+        if (r->backend->step_sample(r, in, sp, sampled, logits)) return -1;
+    } else {
+        // As model_runner_step: the step to the other ranks first, and a
+        // failure once they are inside it ends every rank.
+        if (r->tp.rank != 0)
+            return mv_error("model runner: rank %d follows rank 0's steps (model_runner_follow)", r->tp.rank);
+        if (send_step(r, in) || r->backend->step_sample(r, in, sp, sampled, logits))
+            tp_comm_abort(&r->tp, 1, mv_last_error());
+    }
     // A failed row is the request's business (the engine ends it); an id
     // outside the vocabulary is the backend's bug and fails the step.
     for (int k = 0; k < in->num_sample; k++)

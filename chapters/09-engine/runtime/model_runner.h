@@ -32,11 +32,12 @@
  *     step_sample, which returns only the sampled ids (4 bytes a row
  *     instead of 4 * vocab) and the logits only when asked for.
  *
- * Tensor parallelism (rc.tp_size > 1, one process per rank under mpirun,
- * the CPU backend so far): rank 0's engine calls model_runner_step as at
- * tp 1, and the step goes to the other ranks before the backend runs it;
+ * Tensor parallelism (rc.tp_size > 1, one process per rank under mpirun):
+ * rank 0's engine calls model_runner_step (or model_runner_step_sample) as
+ * at tp 1, and the step goes to the other ranks before the backend runs it;
  * they sit in model_runner_follow. The backend shards the model and adds
- * the partial sums over parallel/tp_comm.h (docs/09-parallel.md).
+ * the partial sums: the CPU backend over parallel/tp_comm.h (MPI), the CUDA
+ * backend over NCCL, one GPU per rank (docs/09-parallel.md).
  *
  * Library code: 0 / -1 with mv_error(), never exits (except the tp_comm_abort
  * of a tensor-parallel step that fails once the other ranks are inside it).
@@ -76,7 +77,7 @@ typedef struct {
     int enforce_eager;           // cuda: 1 = launch decode steps kernel by kernel instead of
                                  // replaying CUDA graphs captured at creation (--enforce-eager)
     int tp_size;                 // tensor-parallel ranks, one process each (mpirun); 0 or 1 = one.
-                                 // cpu only so far; sizes are then this rank's share
+                                 // cpu, and cuda in builds with NCCL; sizes are then this rank's share
 } runner_config_t;
 
 // One step's inputs: the scheduler's sched_step_t, minus what only the
@@ -141,6 +142,8 @@ struct model_runner {
     size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
     tp_comm_t tp;                     // the tensor-parallel ranks (size 1: this process alone)
     int followers_waiting;            // rank 0 of tp > 1: the other ranks follow its steps (a stop is owed)
+    int failure_agreed;               // tp > 1: the backend's create failed after an agreement of its own
+                                      // (every rank knows and returns: no second agreement)
     int32_t *wire;                    // [wire_cap] one step's arrays packed for the broadcast
     size_t wire_cap;
 };
@@ -173,10 +176,11 @@ size_t model_runner_block_bytes(const qwen3_config_t *cfg, int block_size, runne
 // instead of ending in the out-of-memory killer. On cpu it is exact: the
 // three sums model_runner_create reports afterwards in weight_bytes,
 // kv_cache_bytes and scratch_bytes (plus rope_bytes, the RoPE cache). On
-// cuda it is the device's share as bf16 weights and the KV cache of
-// rc->num_blocks (0 while the runner is to size it), for runner_cuda.c to
-// compare with cudaMemGetInfo; host_bytes is what the cuda backend keeps on
-// the host while converting (one bf16 copy of the largest tensor).
+// cuda it is the device's share (at tp > 1 rank 0's, the largest) as bf16
+// weights and the KV cache of rc->num_blocks (0 while the runner is to size
+// it), for runner_cuda.c to compare with cudaMemGetInfo; host_bytes is what
+// the cuda backend keeps on the host while converting (one bf16 copy of the
+// largest tensor).
 typedef struct {
     size_t weight_bytes;    // weights as the backend keeps them (bf16 matrices, fp32 norms on cpu)
     size_t kv_cache_bytes;  // num_blocks blocks of every layer's K and V

@@ -52,10 +52,22 @@
  * shapes vary, are launched kernel by kernel. enforce_eager launches decode
  * steps kernel by kernel too, padded the same way, so both compute the same
  * bits.
- * What tensor-parallel ranks following rank 0 need: runner_step_t and
- * runner_sampling_t are flat host arrays of known sizes, so rank 0 can
- * broadcast them and each rank runs this same step on its shard; only rank
- * 0 samples (or all sample with the same Philox keys and agree).
+ * Tensor parallelism (rc.tp_size N > 1: one process per GPU under mpirun;
+ * "tensor parallelism over NCCL" below, docs/09-parallel.md): rank r runs on
+ * GPU (its local rank mod the GPUs visible), holds the shard that
+ * model/qwen3_layout.h describes for it (loaded by chapter 03's and 04's
+ * loaders, as the CPU backend loads its own), and runs the same kernels on
+ * its heads and rows, with four NCCL collectives on its stream:
+ *   embedding   masked rows (zeros for ids it does not hold) -> ncclAllReduce (bf16 sum)
+ *   o_proj      partial sums over its heads -> ncclAllReduce (bias added by rank 0 only)
+ *   down_proj   partial sums over its I/N columns -> ncclAllReduce
+ *   LM head     its V/N vocabulary columns -> ncclAllGather; rank 0 assembles
+ *               them (chapter 04's vocab_assemble_logits_cuda) and samples
+ * The decode CUDA graphs capture the collectives: every rank captures the
+ * same sizes in the same order. Only rank 0 samples; the other ranks run
+ * step (model_runner_follow), whose collectives are the same as step_sample's.
+ * At N = 1 none of this runs: every tp branch below is skipped, and the
+ * launches are the single-GPU engine's.
  */
 #include "chapters/09-engine/runtime/model_runner.h"
 
@@ -64,13 +76,19 @@
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if MV_HAVE_NCCL
+#include <nccl.h>
+#endif
 
+#include "chapters/04-embedding/vocab_parallel.h"
 #include "chapters/09-engine/model/qwen3_layout.h"
 #include "chapters/09-engine/model/qwen3_weights.h"
+#include "chapters/09-engine/parallel/tp_comm.h"
 #include "common/check.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -92,17 +110,20 @@
 // H = hidden_size, I = intermediate_size, V = vocab_size, hd = head_dim,
 // nq / nkv = query / KV heads, QKV = (nq + 2*nkv) * hd,
 // Tm = max_num_batched_tokens, Sm = max_num_seqs, W = ceil(max_model_len / block_size).
+// At tp N > 1 the weight and activation shapes are this rank's share:
+// nq/N query heads, its KV heads (nkv/N, or 1 copied), I/N, V' = V padded / N
+// vocabulary rows (qwen3_layout.h); H is whole.
 
 typedef struct {
     bf16_t *d_input_norm;             // [H]
     bf16_t *d_qkv;                    // [QKV, H]  rows: q_proj, k_proj, v_proj (qwen3_layout.h)
     bf16_t *d_qkv_bias;               // [QKV] or NULL
     bf16_t *d_q_norm, *d_k_norm;      // [hd] each
-    bf16_t *d_o_proj;                 // [H, nq*hd]
-    bf16_t *d_o_bias;                 // [H] or NULL
+    bf16_t *d_o_proj;                 // [H, nq*hd]  (tp > 1: this rank's columns)
+    bf16_t *d_o_bias;                 // [H] or NULL (tp > 1: added by rank 0 only)
     bf16_t *d_post_norm;              // [H]
     bf16_t *d_gate_up;                // [2I, H]  rows: gate_proj, then up_proj (qwen3_layout.h)
-    bf16_t *d_down;                   // [H, I]
+    bf16_t *d_down;                   // [H, I]  (tp > 1: this rank's I/N columns)
     bf16_t *d_k_cache, *d_v_cache;    // [num_blocks, block_size, nkv, hd] each
 } cuda_layer_t;
 
@@ -127,9 +148,10 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *d_cublas_ws;                // [CUBLAS_WORKSPACE_BYTES]
-    qwen3_layout_t layout;            // the merged matrices' shapes and pieces (one GPU: tp_size 1)
-    bf16_t *d_embed;                  // [V, H]
-    bf16_t *d_lm_head;                // [V, H]; == d_embed when tied
+    qwen3_layout_t layout;            // this rank's shapes and pieces (one GPU: tp_size 1, the whole model)
+    int device;                       // the CUDA device this rank runs on (0 at tp 1)
+    bf16_t *d_embed;                  // [V, H]  (tp > 1: [V', H], this rank's vocabulary rows)
+    bf16_t *d_lm_head;                // [V, H]; == d_embed when tied  (tp > 1: [V', H])
     bf16_t *d_final_norm;             // [H]
     cuda_layer_t *layers;             // [L] (host array of device pointers)
     rope_cache_gpu_t rope;            // cos/sin [max_model_len, hd] fp32
@@ -143,8 +165,8 @@ typedef struct {
     bf16_t *d_gate_up;                // [Tm, 2I]
     bf16_t *d_act;                    // [Tm, I]
     bf16_t *d_last;                   // [Sm, H] final hidden rows of the sampled rows
-    bf16_t *d_logits_bf16;            // [Sm, V]
-    float *d_logits;                  // [Sm, V] fp32
+    bf16_t *d_logits_bf16;            // [Sm, V]  (tp > 1: rank 0 only, assembled from every rank's)
+    float *d_logits;                  // [Sm, V] fp32  (tp > 1: rank 0 only)
     void *d_attn_ws;                  // split decode's partial results
     size_t attn_ws_bytes;
     void *d_step_mem;                 // one allocation behind step_buffers_t
@@ -165,6 +187,12 @@ typedef struct {
     // steps and enforce_eager run the plain kernels, which compute the same
     // bits (build/engine_check compares graphs with eager).
     int fast_decode;
+    // tp > 1 only (NULL at tp 1):
+#if MV_HAVE_NCCL
+    ncclComm_t nccl;                  // this rank's NCCL communicator
+#endif
+    bf16_t *d_logits_local;           // [Sm, V'] the LM head's logits of this rank's vocabulary rows
+    bf16_t *d_logits_gathered;        // [tp, Sm, V'] every rank's, rank-major (ncclAllGather)
 } cuda_state_t;
 
 static double now_seconds(void) {
@@ -249,6 +277,74 @@ static int place_layer(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const 
     return 0;
 }
 
+// The single-GPU weights: every tensor whole.
+static int place_weights(cuda_state_t *s, const qwen3_weights_t *w, int L, bf16_t *h_tmp, size_t *wb) {
+    int rcode = place(w->embed_tokens, &s->d_embed, h_tmp, wb) || place(w->norm, &s->d_final_norm, h_tmp, wb);
+    if (!rcode) {
+        if (w->lm_head == w->embed_tokens) s->d_lm_head = s->d_embed;
+        else rcode = place(w->lm_head, &s->d_lm_head, h_tmp, wb);
+    }
+    for (int l = 0; !rcode && l < L; l++)
+        if (place_layer(&s->layers[l], &w->layers[l], &s->layout, h_tmp, wb)) rcode = mv_error_prefix("layer %d", l);
+    return rcode;
+}
+
+// ---- tp > 1: this rank's shard of the weights --------------------------------------------
+// The same tensors as place_weights, each cut as the CPU backend cuts its
+// own (runner_cpu.c): the merged qkv_proj and gate_up_proj by the layout's
+// pieces (place_merged already fills this rank's rows), o_proj and
+// down_proj by columns (qwen3_row_fill: chapter 03's tp_linear_load), the
+// embedding and LM head by vocabulary rows (qwen3_vocab_fill: chapter 04's
+// vocab_shard_load, padding rows zero), norms and o_proj's bias whole. Each
+// fill reads only this rank's rows or columns of the mapped checkpoint.
+// With --random-weights every rank drew the whole model from the same seed
+// (engine.c), so N ranks hold the shards of the same model as tp 1.
+
+// A row-parallel matrix's shard [out_local, in_local].
+static int place_row_shard(const tp_linear_t *l, const st_tensor_t *t, bf16_t **d, bf16_t *h_tmp, size_t *wb) {
+    const size_t n = (size_t)l->out_local * (size_t)l->in_local;
+    if (dev_alloc((void **)d, n * sizeof(bf16_t), wb, t->name) || qwen3_row_fill(l, t, h_tmp)) return -1;
+    return upload_host(*d, h_tmp, n, t->name);
+}
+
+// A vocabulary table's shard [local_rows, H].
+static int place_vocab_shard(const vocab_shard_t *v, const st_tensor_t *t, int H, bf16_t **d, bf16_t *h_tmp,
+                             size_t *wb) {
+    const size_t n = (size_t)v->local_rows * (size_t)H;
+    if (dev_alloc((void **)d, n * sizeof(bf16_t), wb, t->name) || qwen3_vocab_fill(v, t, H, h_tmp)) return -1;
+    return upload_host(*d, h_tmp, n, t->name);
+}
+
+static int place_layer_tp(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const qwen3_layout_t *lo,
+                          bf16_t *h_tmp, size_t *wb) {
+    if (place(lw->input_layernorm, &cl->d_input_norm, h_tmp, wb) ||
+        place(lw->post_attention_layernorm, &cl->d_post_norm, h_tmp, wb) ||
+        place(lw->q_norm, &cl->d_q_norm, h_tmp, wb) || place(lw->k_norm, &cl->d_k_norm, h_tmp, wb) ||
+        place_row_shard(&lo->o_proj, lw->o_proj, &cl->d_o_proj, h_tmp, wb) ||
+        place_row_shard(&lo->down, lw->down_proj, &cl->d_down, h_tmp, wb) ||
+        place_merged(&lo->qkv, lw, 0, &cl->d_qkv, h_tmp, wb) ||
+        place_merged(&lo->gate_up, lw, 0, &cl->d_gate_up, h_tmp, wb))
+        return -1;
+    if (lo->qkv.has_bias &&
+        (place_merged(&lo->qkv, lw, 1, &cl->d_qkv_bias, h_tmp, wb) || place(lw->o_bias, &cl->d_o_bias, h_tmp, wb)))
+        return -1;
+    return 0;
+}
+
+static int place_weights_tp(cuda_state_t *s, const qwen3_weights_t *w, int L, int H, bf16_t *h_tmp, size_t *wb) {
+    const vocab_shard_t *v = &s->layout.vocab;
+    int rcode = place_vocab_shard(v, w->embed_tokens, H, &s->d_embed, h_tmp, wb) ||
+                place(w->norm, &s->d_final_norm, h_tmp, wb);
+    if (!rcode) {
+        if (w->lm_head == w->embed_tokens) s->d_lm_head = s->d_embed;
+        else rcode = place_vocab_shard(v, w->lm_head, H, &s->d_lm_head, h_tmp, wb);
+    }
+    for (int l = 0; !rcode && l < L; l++)
+        if (place_layer_tp(&s->layers[l], &w->layers[l], &s->layout, h_tmp, wb))
+            rcode = mv_error_prefix("layer %d", l);
+    return rcode;
+}
+
 static void cuda_destroy(model_runner_t *r) {
     cuda_state_t *s = r->state;
     if (!s) return;
@@ -257,6 +353,16 @@ static void cuda_destroy(model_runner_t *r) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     for (int k = 0; k < s->num_sizes; k++)
         if (s->graphs[k]) cudaGraphExecDestroy(s->graphs[k]);
+#if MV_HAVE_NCCL
+    // tp > 1, after the graphs that hold its collectives. Destroy when every
+    // rank is leaving together (rank 0's stop, or an agreement every rank
+    // saw); abort otherwise, which frees this rank's side without waiting
+    // on peers that may never come.
+    if (s->nccl) {
+        if (tp_comm_settled()) ncclCommDestroy(s->nccl);
+        else ncclCommAbort(s->nccl);
+    }
+#endif
     for (int l = 0; s->layers && l < r->cfg.num_hidden_layers; l++) {
         cuda_layer_t *cl = &s->layers[l];
         void *ps[] = {cl->d_input_norm, cl->d_qkv,    cl->d_qkv_bias, cl->d_q_norm, cl->d_k_norm,   cl->d_o_proj,
@@ -270,7 +376,7 @@ static void cuda_destroy(model_runner_t *r) {
     rope_cache_gpu_free(&s->rope);
     void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
-                       s->d_cublas_ws};
+                       s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     if (s->h_stage) cudaFreeHost(s->h_stage);
     if (s->cublas) cublasDestroy(s->cublas);
@@ -341,7 +447,29 @@ static int cuda_size_cache(model_runner_t *r, size_t block_bytes) {
 static int decode_sizes(int Sm, int *sizes);
 static int capture_decode_graphs(model_runner_t *r);
 
-static int cuda_create(model_runner_t *r, const st_model_t *m) {
+// ---- tp > 1: the ranks' device, communicator and cache -----------------------------------
+
+// The GPU this rank takes: its rank on this host, modulo the GPUs visible
+// (so `mpirun -np 2` on a host of 2 GPUs gives GPU 0 and GPU 1).
+static int tp_device(const model_runner_t *r, int *device) {
+    int count = 0;
+    if (CUDA_TRY(cudaGetDeviceCount(&count))) return -1;
+    if (count < 1) return mv_error("tp rank %d: no CUDA device visible", r->tp.rank);
+    *device = tp_comm_launched_local_rank() % count;
+    return 0;
+}
+
+// K and V bytes of one block on this rank: the model's, scaled to the KV
+// heads it holds (all of them at tp 1).
+static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo) {
+    const size_t full = model_runner_block_bytes(&r->cfg, r->rc.block_size, RUNNER_DEVICE_CUDA);
+    if (lo->tp_size == 1) return full;
+    return full / (size_t)r->cfg.num_key_value_heads * (size_t)lo->qkv.tp.kv_heads_local;
+}
+
+// Weights, RoPE cache, scratch and step buffers: everything a runner holds
+// but its KV cache and its graphs (the part that needs no other rank).
+static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
     // The attention kernels' shapes (kernels/attention.h): refused here, once,
@@ -354,7 +482,10 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
     cuda_state_t *s = calloc(1, sizeof *s);
     if (!s) return mv_error("out of host memory");
     r->state = s;
-    if (CUDA_TRY(cudaSetDevice(0)) || CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
+    // This rank's share of every tensor (tp 1: the whole model).
+    if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
+    if (r->tp.size > 1 && tp_device(r, &s->device)) return -1;
+    if (CUDA_TRY(cudaSetDevice(s->device)) || CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
         return -1;
     cublasStatus_t st = cublasCreate(&s->cublas);
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -364,12 +495,13 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
     // Will the model fit? Checked before the first allocation, so that a
     // checkpoint too large for this GPU is refused with the numbers, not
     // after minutes of copying weights (model_runner_memory_estimate is a
-    // lower bound on what the allocations below take).
+    // lower bound on what the allocations below take; at tp > 1, rank 0's
+    // share, the largest).
     runner_memory_t est;
     size_t free_b = 0, total_b = 0;
     if (model_runner_memory_estimate(c, rc, &est) || CUDA_TRY(cudaMemGetInfo(&free_b, &total_b))) return -1;
     const size_t one_seq = (size_t)((rc->max_model_len + rc->block_size - 1) / rc->block_size) *
-                           model_runner_block_bytes(c, rc->block_size, RUNNER_DEVICE_CUDA);
+                           rank_block_bytes(r, &s->layout);
     const size_t need = est.weight_bytes + est.scratch_bytes + est.rope_bytes + CUBLAS_WORKSPACE_BYTES +
                         (rc->num_blocks ? est.kv_cache_bytes : one_seq);
     if (need > free_b)
@@ -389,18 +521,14 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
 
     // Weights.
     qwen3_weights_t w;
-    if (qwen3_layout_init(&s->layout, c, 1, 0) || qwen3_weights_bind(c, m, &w)) return -1;
+    if (qwen3_weights_bind(c, m, &w)) return -1;
     const int L = c->num_hidden_layers;
     bf16_t *h_tmp = malloc(max_numel(&w, &s->layout) * sizeof(bf16_t));
     s->layers = calloc((size_t)L, sizeof *s->layers);
     int rcode = h_tmp && s->layers ? 0 : mv_error("out of host memory converting the weights");
-    if (!rcode) rcode = place(w.embed_tokens, &s->d_embed, h_tmp, wb) || place(w.norm, &s->d_final_norm, h_tmp, wb);
-    if (!rcode) {
-        if (w.lm_head == w.embed_tokens) s->d_lm_head = s->d_embed;
-        else rcode = place(w.lm_head, &s->d_lm_head, h_tmp, wb);
-    }
-    for (int l = 0; !rcode && l < L; l++)
-        if (place_layer(&s->layers[l], &w.layers[l], &s->layout, h_tmp, wb)) rcode = mv_error_prefix("layer %d", l);
+    if (!rcode)
+        rcode = r->tp.size > 1 ? place_weights_tp(s, &w, L, c->hidden_size, h_tmp, wb)
+                               : place_weights(s, &w, L, h_tmp, wb);
     free(h_tmp);
     qwen3_weights_free(&w);
     if (rcode) return -1;
@@ -412,9 +540,11 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
     rope_cache_free(&host_rope);
     if (rcode) return -1;
 
-    // Scratch for the worst step.
-    const size_t H = (size_t)c->hidden_size, V = (size_t)c->vocab_size, I = (size_t)c->intermediate_size;
-    const int nq = c->num_attention_heads, hd = c->head_dim;
+    // Scratch for the worst step (this rank's heads and rows; the logits,
+    // which only the sampling rank reads, on rank 0 alone).
+    const size_t H = (size_t)c->hidden_size, I = (size_t)s->layout.down.in_local;
+    const size_t V = s->layout.tp_rank == 0 ? (size_t)c->vocab_size : 0;
+    const int nq = c->num_attention_heads / s->layout.tp_size, hd = c->head_dim;
     const size_t qn = (size_t)nq * hd, qkv = (size_t)s->layout.qkv.rows, gate_up = (size_t)s->layout.gate_up.rows;
     const size_t Tm = (size_t)rc->max_num_batched_tokens, Sm = (size_t)rc->max_num_seqs, e = sizeof(bf16_t);
     s->max_blocks = (rc->max_model_len + rc->block_size - 1) / rc->block_size;
@@ -431,6 +561,12 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
         dev_alloc((void **)&s->d_logits, Sm * V * sizeof(float), sb, "the fp32 logits") ||
         dev_alloc(&s->d_attn_ws, s->attn_ws_bytes, sb, "the split-decode workspace"))
         return -1;
+    if (s->layout.tp_size > 1) {
+        const size_t Vl = (size_t)s->layout.vocab.local_rows, N = (size_t)s->layout.tp_size;
+        if (dev_alloc((void **)&s->d_logits_local, Sm * Vl * e, sb, "this rank's logits") ||
+            dev_alloc((void **)&s->d_logits_gathered, N * Sm * Vl * e, sb, "every rank's logits"))
+            return -1;
+    }
     s->step_bytes = layout_step(&s->d, NULL, (int)Tm, (int)Sm, s->max_blocks);
     if (dev_alloc(&s->d_step_mem, s->step_bytes, sb, "the step's inputs")) return -1;
     if (CUDA_TRY(cudaMallocHost(&s->h_stage, s->step_bytes))) {
@@ -439,12 +575,16 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
     }
     layout_step(&s->d, s->d_step_mem, (int)Tm, (int)Sm, s->max_blocks);
     layout_step(&s->h, s->h_stage, (int)Tm, (int)Sm, s->max_blocks);
+    return 0;
+}
 
-    // The KV cache last: it gets what is left.
-    const size_t block_bytes = model_runner_block_bytes(c, rc->block_size, RUNNER_DEVICE_CUDA);
-    if (cuda_size_cache(r, block_bytes)) return -1;
-    const size_t cache = (size_t)r->rc.num_blocks * (size_t)rc->block_size * (size_t)c->num_key_value_heads * hd * e;
-    for (int l = 0; l < L; l++) {
+// The KV cache, per layer, of r->rc.num_blocks blocks of this rank's KV heads.
+static int cuda_alloc_cache(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    const qwen3_config_t *c = &r->cfg;
+    const size_t nkv = (size_t)s->layout.qkv.tp.kv_heads_local, hd = (size_t)c->head_dim, e = sizeof(bf16_t);
+    const size_t cache = (size_t)r->rc.num_blocks * (size_t)r->rc.block_size * nkv * hd * e;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
         cuda_layer_t *cl = &s->layers[l];
         if (dev_alloc((void **)&cl->d_k_cache, cache, &r->kv_cache_bytes, "the K cache") ||
             dev_alloc((void **)&cl->d_v_cache, cache, &r->kv_cache_bytes, "the V cache")) {
@@ -457,6 +597,20 @@ static int cuda_create(model_runner_t *r, const st_model_t *m) {
             CUDA_TRY(cudaMemsetAsync(cl->d_v_cache, 0, cache, s->stream)))
             return -1;
     }
+    return 0;
+}
+
+static int cuda_create_tp(model_runner_t *r, int placed_rc);
+
+static int cuda_create(model_runner_t *r, const st_model_t *m) {
+    const int placed = cuda_create_placed(r, m);
+    if (r->tp.size > 1) return cuda_create_tp(r, placed);
+    if (placed) return -1;
+    cuda_state_t *s = r->state;
+    const runner_config_t *rc = &r->rc;
+    // The KV cache last: it gets what is left.
+    const size_t block_bytes = model_runner_block_bytes(&r->cfg, rc->block_size, RUNNER_DEVICE_CUDA);
+    if (cuda_size_cache(r, block_bytes) || cuda_alloc_cache(r)) return -1;
     s->num_sizes = decode_sizes(rc->max_num_seqs, s->sizes);
     if (!rc->enforce_eager && capture_decode_graphs(r)) return -1;
     return CUDA_TRY(cudaDeviceSynchronize());
@@ -514,15 +668,48 @@ static int upload_sampling(cuda_state_t *s, const runner_sampling_t *sp, int N) 
            stage(s, s->d.gen_index, s->h.gen_index, sp->gen_index, (size_t)N * sizeof(int64_t), "gen_index");
 }
 
+// tp > 1: the collectives of a step, on the rank's stream (so they are
+// ordered with its kernels, and a decode graph captures them with the rest).
+// bf16 in and out: NCCL adds in the type it is given, so a row-parallel
+// layer's partial sums are rounded to bf16 before they are added (the CPU
+// backend adds fp32: the reason tp = N matches tp = 1 within bf16 noise,
+// not bit for bit, on this backend).
+#if MV_HAVE_NCCL
+static int tp_allreduce_sum(cuda_state_t *s, bf16_t *d_buf, size_t n, const char *after) {
+    if (NCCL_TRY(ncclAllReduce(d_buf, d_buf, n, ncclBfloat16, ncclSum, s->nccl, s->stream)))
+        return mv_error_prefix("the all-reduce after %s", after);
+    return 0;
+}
+
+// Every rank's [n] into recv [tp, n], rank-major: the LM head's vocabulary blocks.
+static int tp_allgather(cuda_state_t *s, const bf16_t *d_send, bf16_t *d_recv, size_t n) {
+    if (NCCL_TRY(ncclAllGather(d_send, d_recv, n, ncclBfloat16, s->nccl, s->stream)))
+        return mv_error_prefix("the LM head's all-gather");
+    return 0;
+}
+#else
+static int tp_allreduce_sum(cuda_state_t *s, bf16_t *d_buf, size_t n, const char *after) {
+    return mv_error("the all-reduce after %s: this minivllm was built without NCCL", after);
+}
+
+static int tp_allgather(cuda_state_t *s, const bf16_t *d_send, bf16_t *d_recv, size_t n) {
+    return mv_error("the LM head's all-gather: this minivllm was built without NCCL");
+}
+#endif
+
 // One decoder layer over the step's T tokens (see the list at the top).
 static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const runner_step_t *in,
                       int max_seqlen_q, int max_context_len) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
     const qwen3_merged_t *qkv = &s->layout.qkv;
-    const int T = in->num_tokens, S = in->num_seqs, H = c->hidden_size, I = c->intermediate_size, hd = c->head_dim;
-    const int nq = c->num_attention_heads, nkv = c->num_key_value_heads;
+    // This rank's heads and I/N columns (at tp 1 the model's own counts).
+    const int T = in->num_tokens, S = in->num_seqs, H = c->hidden_size, I = s->layout.down.in_local, hd = c->head_dim;
+    const int nq = c->num_attention_heads / s->layout.tp_size, nkv = qkv->tp.kv_heads_local;
     const int qn = nq * hd, qkv_n = qkv->rows, nb = rc->num_blocks, bs = rc->block_size;
+    const int tp = s->layout.tp_size > 1;
+    // o_proj's bias is added once: by rank 0, into its partial sum.
+    const bf16_t *o_bias = s->layout.tp_rank == 0 ? cl->d_o_bias : NULL;
     // A qkv output row's k and v columns are the merged weight's k and v rows.
     const int k_col = qkv->piece[QWEN3_PART_K].dst_row, v_col = qkv->piece[QWEN3_PART_V].dst_row;
     const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
@@ -544,7 +731,9 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
         rca = attention_prefill_cuda(ATTN_PREFILL_FAST, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
                                      d->cu_seqlens_q, d->context_lens, d->block_tables, S, max_seqlen_q, nq, nkv, hd,
                                      bs, nb, s->max_blocks, scale, st);
-    if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, cl->d_o_bias, T, H, qn, st)) return -1;
+    if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, o_bias, T, H, qn, st) ||
+        (tp && tp_allreduce_sum(s, s->d_x, (size_t)T * H, "o_proj")))
+        return -1;
 
     if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, cl->d_post_norm, T, H, eps, st) ||
         linear_cuda(s->cublas, s->d_gate_up, s->d_hidden, cl->d_gate_up, NULL, T, s->layout.gate_up.rows, H, st))
@@ -552,10 +741,28 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
-    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) == LINEAR_GEMV)
-        return linear_silu_mul_cuda(s->d_x, s->d_gate_up, cl->d_down, T, H, I, st);
-    if (silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
-        linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st))
+    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) == LINEAR_GEMV) {
+        if (linear_silu_mul_cuda(s->d_x, s->d_gate_up, cl->d_down, T, H, I, st)) return -1;
+    } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
+               linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st)) {
+        return -1;
+    }
+    return tp ? tp_allreduce_sum(s, s->d_x, (size_t)T * H, "down_proj") : 0;
+}
+
+// tp > 1: the LM head on this rank's vocabulary rows, every rank's block
+// gathered, and on rank 0 (the one that samples) the blocks put in their
+// columns of [N, V] (chapter 04's assembly, padding dropped) and widened to
+// fp32, as the single-GPU LM head leaves them.
+static int lm_head_tp(const model_runner_t *r, cuda_state_t *s, int N) {
+    const vocab_shard_t *vs = &s->layout.vocab;
+    const int H = r->cfg.hidden_size, Vl = vs->local_rows, V = r->cfg.vocab_size;
+    if (linear_cuda(s->cublas, s->d_logits_local, s->d_last, s->d_lm_head, NULL, N, Vl, H, s->stream) ||
+        tp_allgather(s, s->d_logits_local, s->d_logits_gathered, (size_t)N * Vl))
+        return -1;
+    if (s->layout.tp_rank != 0) return 0;
+    if (vocab_assemble_logits_cuda(vs, s->d_logits_gathered, N, s->d_logits_bf16, s->stream) ||
+        bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
         return -1;
     return 0;
 }
@@ -574,8 +781,18 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     const float eps = (float)c->rms_norm_eps;
     const runner_step_t in_sizes = {.num_tokens = T, .num_seqs = S, .num_sample = N};
     const runner_step_t *in = &in_sizes;
-    if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream) ||
-        rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->layers[0].d_input_norm, T, H, eps, s->stream))
+    if (s->layout.tp_size > 1) {
+        // Each rank's rows of the ids it holds, zeros for the others'; the
+        // all-reduce adds the one non-zero row of each token to every rank.
+        const vocab_shard_t *vs = &s->layout.vocab;
+        if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, vs->start, vs->start + vs->local_rows,
+                           s->stream) ||
+            tp_allreduce_sum(s, s->d_residual, (size_t)T * H, "the embedding"))
+            return -1;
+    } else if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream)) {
+        return -1;
+    }
+    if (rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->layers[0].d_input_norm, T, H, eps, s->stream))
         return -1;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x,
@@ -586,8 +803,10 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     if (N == 0) return 0;
     if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, s->d_final_norm, T, H, eps,
                                s->stream) ||
-        gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream) ||
-        linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
+        gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream))
+        return -1;
+    if (s->layout.tp_size > 1) return lm_head_tp(r, s, N);
+    if (linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
         bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
         return -1;
     return 0;
@@ -714,8 +933,11 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
 
 // The decode step of Sg rows, from the device buffers: the forward pass and
 // the sampler. What a graph holds.
+// At tp > 1 only rank 0 samples: the other ranks' graphs end with the
+// LM head's all-gather (the same collectives, in the same order, on every rank).
 static int enqueue_decode(model_runner_t *r, int Sg) {
-    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || enqueue_sample(r, Sg);
+    const cuda_state_t *s = r->state;
+    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg));
 }
 
 // Run the decode step: inputs up, then the graph (or the same launches).
@@ -735,7 +957,12 @@ static int capture_decode_graphs_fast(model_runner_t *r);
 static int capture_decode_graphs(model_runner_t *r) {
     cuda_state_t *s = r->state;
     s->fast_decode = 1;
-    if (mv_pdl_supported() && mv_pdl_set(1)) return -1;
+    // Not at tp > 1: a programmatic edge lets a kernel start before the one
+    // it follows has finished, and after an NCCL kernel that is NCCL's
+    // business (whether it signals early), not ours. So no kernel is
+    // launched with PDL in graphs that hold collectives.
+    const int pdl = s->layout.tp_size == 1 && mv_pdl_supported();
+    if (pdl && mv_pdl_set(1)) return -1;
     const int rc = capture_decode_graphs_fast(r);
     s->fast_decode = 0;
     mv_pdl_set(0);
@@ -779,7 +1006,9 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
 
 // Wait for the stream; an error of any kernel enqueued in this step shows
 // up here (kernels run asynchronously), so say so.
+static int finish_step_tp(cuda_state_t *s);
 static int finish_step(cuda_state_t *s) {
+    if (s->layout.tp_size > 1) return finish_step_tp(s);
     cudaError_t err = cudaStreamSynchronize(s->stream);
     if (err != cudaSuccess)
         return mv_error("the step failed on the GPU: %s (%s); a kernel of this step faulted (rerun under "
@@ -823,6 +1052,135 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
     // (and refuses any other id outside the vocabulary).
     for (int k = 0; k < N; k++) sampled[k] = s->h.sampled[k];
     return 0;
+}
+
+// ---- tensor parallelism over NCCL: creation and the wait for a step ----------------------
+// Rank 0 of N sends each step over MPI (model_runner.c); every rank then
+// runs it here on its shard, and NCCL carries the activations between the
+// GPUs. Creation goes in an order in which no rank can be left waiting on
+// another that has given up:
+//   1. each rank places its shard (cuda_create_placed): no communication;
+//   2. an agreement (tp_comm_agree over MPI): if any rank failed, every rank
+//      returns -1 and rank 0 prints "rank R: why";
+//   3. rank 0's ncclGetUniqueId (agreed on), broadcast over MPI, then
+//      ncclCommInitRankConfig, blocking, on every rank. A failure inside it
+//      ends every rank (tp_comm_abort, MPI_Abort): the others may be inside
+//      NCCL's bootstrap, waiting for this rank, where no MPI message reaches;
+//   4. one all-reduce and one all-gather, so that NCCL sets up its
+//      connections (and allocates their buffers) now, before the KV cache
+//      is sized from what is left of the GPU;
+//   5. each rank sizes its cache (the same rule as at tp 1, over its KV
+//      heads' block bytes), an agreement, then the smallest count of any
+//      rank is every rank's (rank 0's scheduler hands out block ids that
+//      every rank must hold); each allocates it; an agreement;
+//   6. the decode graphs: their warm-up and capture run collectives, so from
+//      here a failure ends every rank (tp_comm_abort).
+// NCCL_NVLS_ENABLE (NVLink multicast) and the transports are left to the
+// environment (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 gives the socket
+// transport two hosts without a fast fabric would use).
+
+// 0 when every rank is ok; else -1 on every rank, with "rank R: why", and
+// the runner marked so that model_runner_create holds no second agreement.
+static int tp_agree(model_runner_t *r, int ok) {
+    char why[1000] = "";
+    if (!ok) snprintf(why, sizeof why, "%s", mv_last_error());
+    if (tp_comm_agree(&r->tp, ok, why, NULL) == 0) return 0;
+    r->failure_agreed = 1;
+    return -1;
+}
+
+#if MV_HAVE_NCCL
+// Steps 3 and 4 above.
+static int nccl_open(model_runner_t *r, cuda_state_t *s) {
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    const int ok = r->tp.rank != 0 || !NCCL_TRY(ncclGetUniqueId(&id));
+    if (tp_agree(r, ok) || tp_comm_bcast(&r->tp, &id, sizeof id, 0)) return -1;
+    // Blocking (the default, said here): the call returns once this rank's
+    // communicator is up, or with the error.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    if (NCCL_TRY(ncclCommInitRankConfig(&s->nccl, r->tp.size, id, r->tp.rank, &config))) {
+        s->nccl = NULL;
+        tp_comm_abort(&r->tp, 1, mv_last_error());
+    }
+    if (tp_allreduce_sum(s, s->d_x, (size_t)r->cfg.hidden_size, "NCCL's first use") ||
+        tp_allgather(s, s->d_logits_local, s->d_logits_gathered, (size_t)s->layout.vocab.local_rows) ||
+        CUDA_TRY(cudaStreamSynchronize(s->stream)))
+        tp_comm_abort(&r->tp, 1, mv_last_error());
+    return 0;
+}
+#else
+static int nccl_open(model_runner_t *r, cuda_state_t *s) {
+    return mv_error("--tensor-parallel-size %d on cuda needs NCCL, and this minivllm was built without it", r->tp.size);
+}
+#endif
+
+// Step 5 above: every rank's cache of the same number of blocks.
+static int tp_size_cache(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    if (tp_agree(r, cuda_size_cache(r, rank_block_bytes(r, &s->layout)) == 0)) return -1;
+    int32_t mine = r->rc.num_blocks, all[64] = {0};
+    if (tp_comm_gather(&r->tp, &mine, sizeof mine, all, 0)) tp_comm_abort(&r->tp, 1, mv_last_error());
+    int32_t fewest = mine;
+    for (int k = 0; r->tp.rank == 0 && k < r->tp.size; k++)
+        if (all[k] < fewest) fewest = all[k];
+    if (tp_comm_bcast(&r->tp, &fewest, sizeof fewest, 0)) tp_comm_abort(&r->tp, 1, mv_last_error());
+    r->rc.num_blocks = fewest;
+    return tp_agree(r, cuda_alloc_cache(r) == 0);
+}
+
+static int cuda_create_tp(model_runner_t *r, int placed_rc) {
+    if (tp_agree(r, placed_rc == 0)) return -1;
+    cuda_state_t *s = r->state;
+    if (nccl_open(r, s) || tp_size_cache(r)) return -1;
+    s->num_sizes = decode_sizes(r->rc.max_num_seqs, s->sizes);
+    if ((!r->rc.enforce_eager && capture_decode_graphs(r)) || CUDA_TRY(cudaDeviceSynchronize()))
+        tp_comm_abort(&r->tp, 1, mv_last_error());
+    return 0;
+}
+
+// How long a tp step may take before this rank gives up on its peers:
+// MV_TP_STEP_TIMEOUT_S seconds (default 600, far above any step: a prefill
+// of 8192 tokens of Qwen3-8B is well under a second on an H200).
+static double tp_step_timeout_s(void) {
+    const char *v = getenv("MV_TP_STEP_TIMEOUT_S");
+    char *end = NULL;
+    const double t = v && *v ? strtod(v, &end) : 0;
+    return end && !*end && t > 0 ? t : 600.0;
+}
+
+// The wait for a tp step. NCCL has no timeout of its own on a collective: a
+// peer that stops taking part leaves this rank's NCCL kernel spinning, and
+// cudaStreamSynchronize would wait for ever. So the stream is polled, and
+// while it runs NCCL's asynchronous error (a peer's connection closed, a
+// remote error: ncclCommGetAsyncError) and the time are checked; either
+// ends the wait with an error, which the model runner turns into
+// tp_comm_abort on every rank. (A rank that dies is also seen by mpirun,
+// which then ends the others.)
+static int finish_step_tp(cuda_state_t *s) {
+#if MV_HAVE_NCCL
+    const double t0 = now_seconds(), limit = tp_step_timeout_s();
+    for (;;) {
+        const cudaError_t q = cudaStreamQuery(s->stream);
+        if (q == cudaSuccess) return 0;
+        if (q != cudaErrorNotReady)
+            return mv_error("the step failed on the GPU: %s (%s); a kernel or collective of this step faulted "
+                            "(rerun with CUDA_LAUNCH_BLOCKING=1 NCCL_DEBUG=WARN to see which)",
+                            cudaGetErrorName(q), cudaGetErrorString(q));
+        ncclResult_t async = ncclSuccess;
+        if (NCCL_TRY(ncclCommGetAsyncError(s->nccl, &async))) return -1;
+        if (async != ncclSuccess && async != ncclInProgress)
+            return mv_error("NCCL reported an error during the step: %s (%s)", ncclGetErrorString(async),
+                            ncclGetLastError(s->nccl));
+        if (now_seconds() - t0 > limit)
+            return mv_error("the step did not finish within %.0f s (MV_TP_STEP_TIMEOUT_S): another rank stopped "
+                            "taking part in its collectives", limit);
+        sched_yield();
+    }
+#else
+    return mv_error("a tensor-parallel step: this minivllm was built without NCCL");
+#endif
 }
 
 const runner_backend_t RUNNER_BACKEND_CUDA = {"cuda", cuda_create, cuda_step, cuda_destroy, cuda_step_sample};
