@@ -262,33 +262,6 @@ static int place_merged(const qwen3_merged_t *mg, const qwen3_layer_weights_t *l
     return upload_host(*d, h_tmp, n, what);
 }
 
-static int place_layer(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const qwen3_layout_t *lo, bf16_t *h_tmp,
-                       size_t *wb) {
-    if (place(lw->input_layernorm, &cl->d_input_norm, h_tmp, wb) ||
-        place(lw->post_attention_layernorm, &cl->d_post_norm, h_tmp, wb) ||
-        place(lw->q_norm, &cl->d_q_norm, h_tmp, wb) || place(lw->k_norm, &cl->d_k_norm, h_tmp, wb) ||
-        place(lw->o_proj, &cl->d_o_proj, h_tmp, wb) || place(lw->down_proj, &cl->d_down, h_tmp, wb) ||
-        place_merged(&lo->qkv, lw, 0, &cl->d_qkv, h_tmp, wb) ||
-        place_merged(&lo->gate_up, lw, 0, &cl->d_gate_up, h_tmp, wb))
-        return -1;
-    if (lo->qkv.has_bias &&
-        (place_merged(&lo->qkv, lw, 1, &cl->d_qkv_bias, h_tmp, wb) || place(lw->o_bias, &cl->d_o_bias, h_tmp, wb)))
-        return -1;
-    return 0;
-}
-
-// The single-GPU weights: every tensor whole.
-static int place_weights(cuda_state_t *s, const qwen3_weights_t *w, int L, bf16_t *h_tmp, size_t *wb) {
-    int rcode = place(w->embed_tokens, &s->d_embed, h_tmp, wb) || place(w->norm, &s->d_final_norm, h_tmp, wb);
-    if (!rcode) {
-        if (w->lm_head == w->embed_tokens) s->d_lm_head = s->d_embed;
-        else rcode = place(w->lm_head, &s->d_lm_head, h_tmp, wb);
-    }
-    for (int l = 0; !rcode && l < L; l++)
-        if (place_layer(&s->layers[l], &w->layers[l], &s->layout, h_tmp, wb)) rcode = mv_error_prefix("layer %d", l);
-    return rcode;
-}
-
 // ---- tp > 1: this rank's shard of the weights --------------------------------------------
 // The same tensors as place_weights, each cut as the CPU backend cuts its
 // own (runner_cpu.c): the merged qkv_proj and gate_up_proj by the layout's
@@ -315,13 +288,19 @@ static int place_vocab_shard(const vocab_shard_t *v, const st_tensor_t *t, int H
     return upload_host(*d, h_tmp, n, t->name);
 }
 
-static int place_layer_tp(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const qwen3_layout_t *lo,
-                          bf16_t *h_tmp, size_t *wb) {
+// o_proj and down_proj: whole on one GPU; with tp > 1 this rank's columns
+// (row-parallel, chapter 03), the rest of a layer as place_merged and place cut it.
+static int place_row(const tp_linear_t *l, const st_tensor_t *t, bf16_t **d, bf16_t *h_tmp, size_t *wb) {
+    return l->tp_size > 1 ? place_row_shard(l, t, d, h_tmp, wb) : place(t, d, h_tmp, wb);
+}
+
+static int place_layer(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, const qwen3_layout_t *lo, bf16_t *h_tmp,
+                       size_t *wb) {
     if (place(lw->input_layernorm, &cl->d_input_norm, h_tmp, wb) ||
         place(lw->post_attention_layernorm, &cl->d_post_norm, h_tmp, wb) ||
         place(lw->q_norm, &cl->d_q_norm, h_tmp, wb) || place(lw->k_norm, &cl->d_k_norm, h_tmp, wb) ||
-        place_row_shard(&lo->o_proj, lw->o_proj, &cl->d_o_proj, h_tmp, wb) ||
-        place_row_shard(&lo->down, lw->down_proj, &cl->d_down, h_tmp, wb) ||
+        place_row(&lo->o_proj, lw->o_proj, &cl->d_o_proj, h_tmp, wb) ||
+        place_row(&lo->down, lw->down_proj, &cl->d_down, h_tmp, wb) ||
         place_merged(&lo->qkv, lw, 0, &cl->d_qkv, h_tmp, wb) ||
         place_merged(&lo->gate_up, lw, 0, &cl->d_gate_up, h_tmp, wb))
         return -1;
@@ -331,17 +310,22 @@ static int place_layer_tp(cuda_layer_t *cl, const qwen3_layer_weights_t *lw, con
     return 0;
 }
 
-static int place_weights_tp(cuda_state_t *s, const qwen3_weights_t *w, int L, int H, bf16_t *h_tmp, size_t *wb) {
-    const vocab_shard_t *v = &s->layout.vocab;
-    int rcode = place_vocab_shard(v, w->embed_tokens, H, &s->d_embed, h_tmp, wb) ||
+// The embedding and the LM head: whole on one GPU; with tp > 1 this rank's
+// vocabulary rows (chapter 04).
+static int place_vocab(const qwen3_layout_t *lo, const st_tensor_t *t, int H, bf16_t **d, bf16_t *h_tmp, size_t *wb) {
+    return lo->tp_size > 1 ? place_vocab_shard(&lo->vocab, t, H, d, h_tmp, wb) : place(t, d, h_tmp, wb);
+}
+
+// Every weight, whole or this rank's shard as the layout says.
+static int place_weights(cuda_state_t *s, const qwen3_weights_t *w, int L, int H, bf16_t *h_tmp, size_t *wb) {
+    int rcode = place_vocab(&s->layout, w->embed_tokens, H, &s->d_embed, h_tmp, wb) ||
                 place(w->norm, &s->d_final_norm, h_tmp, wb);
     if (!rcode) {
         if (w->lm_head == w->embed_tokens) s->d_lm_head = s->d_embed;
-        else rcode = place_vocab_shard(v, w->lm_head, H, &s->d_lm_head, h_tmp, wb);
+        else rcode = place_vocab(&s->layout, w->lm_head, H, &s->d_lm_head, h_tmp, wb);
     }
     for (int l = 0; !rcode && l < L; l++)
-        if (place_layer_tp(&s->layers[l], &w->layers[l], &s->layout, h_tmp, wb))
-            rcode = mv_error_prefix("layer %d", l);
+        if (place_layer(&s->layers[l], &w->layers[l], &s->layout, h_tmp, wb)) rcode = mv_error_prefix("layer %d", l);
     return rcode;
 }
 
@@ -527,8 +511,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->layers = calloc((size_t)L, sizeof *s->layers);
     int rcode = h_tmp && s->layers ? 0 : mv_error("out of host memory converting the weights");
     if (!rcode)
-        rcode = r->tp.size > 1 ? place_weights_tp(s, &w, L, c->hidden_size, h_tmp, wb)
-                               : place_weights(s, &w, L, h_tmp, wb);
+        rcode = place_weights(s, &w, L, c->hidden_size, h_tmp, wb);
     free(h_tmp);
     qwen3_weights_free(&w);
     if (rcode) return -1;
