@@ -471,6 +471,50 @@ def render_engine_peer(hf, single, workload):
     return "\n".join(out) + "\n"
 
 
+SERVING_RATES = ("4", "16", "64", "inf")
+
+
+def render_serving():
+    """The serving benchmark (tests/gpu/serve_bench.sh): bench_serve.py against `minivllm serve` at
+    several request rates, beside `minivllm bench` on the same requests. None until the JSON is there."""
+    bench = load("09-serving.bench.json")
+    runs = [(r, load(f"09-serving.rate-{r}.json")) for r in SERVING_RATES]
+    if not bench or not all(d for _, d in runs):
+        return None
+    d0 = runs[-1][1]
+    ceiling = bench["output_tok_s"]
+    full = d0["output_throughput"]
+    out = [f"From `MV_COMMIT={d0['commit']} bash tests/gpu/serve_bench.sh` on **{d0['gpu']}**, {d0['date'][:10]}, "
+           f"commit {d0['commit']}: `minivllm serve --random-weights` on Qwen3-0.6B's shapes with its real tokenizer "
+           f"(cuda backend, CUDA graphs), {d0['num_prompts']} streamed completions of `minivllm bench`'s drawn "
+           f"workload ({d0['total_input_tokens']:,} prompt and {d0['total_output_tokens']:,} output tokens, "
+           f"greedy, ignore_eos), sent by `tests/serve/bench_serve.py` with {d0['client_processes']} client "
+           f"processes at each request rate (Poisson arrivals; inf: all at once). The first row is "
+           f"`{bench['command'].split(' --json')[0].replace(bench['model_dir'], 'MODEL')}` on the same requests, "
+           f"the engine without HTTP (the median of {bench['repeat']} runs).",
+           "",
+           "| run | completed | request/s | output tok/s | of `minivllm bench` | TTFT mean / p50 / p99 ms "
+           "| TPOT mean / p50 / p99 ms | ITL mean / p50 / p99 ms |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+           f"| `minivllm bench` | {bench['requests']} | {bench['requests'] / bench['generate_s']:.2f} | "
+           f"{ceiling:,.0f} | 100% | | | |"]
+    for r, d in runs:
+        trio = lambda k: f"{d['mean_' + k]:.1f} / {d['median_' + k]:.1f} / {d['p99_' + k]:.1f}"
+        trio2 = lambda k: f"{d['mean_' + k]:.2f} / {d['median_' + k]:.2f} / {d['p99_' + k]:.2f}"
+        out.append(f"| serve, rate {r} | {d['completed']}/{d['num_prompts']} | {d['request_throughput']:.2f} | "
+                   f"{d['output_throughput']:,.0f} | {100 * d['output_throughput'] / ceiling:.0f}% | "
+                   f"{trio('ttft_ms')} | {trio2('tpot_ms')} | {trio2('itl_ms')} |")
+    out += ["",
+            f"At full load (rate inf) the server delivers **{full:,.0f} output tok/s, "
+            f"{100 * full / ceiling:.1f}% of `minivllm bench`'s {ceiling:,.0f}** on the same requests. "
+            f"What the server adds is the HTTP work, the detokenized text of every token streamed as its own "
+            f"chunk, and requests that arrive over the first steps from {d0['client_processes']} client processes "
+            f"instead of all waiting in the queue before the first one. "
+            f"Streamed chunks per output token: {d0['chunks_per_output_token']:.3f}, so inter-token latency is "
+            f"per token here."]
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -511,7 +555,7 @@ def blocks():
     out = {}
     for path in sorted(glob.glob(os.path.join(JSON_DIR, "0*.json"))):
         name = os.path.basename(path)
-        if name.endswith(".bench.json") or name.startswith("09-engine."):
+        if name.endswith(".bench.json") or name.startswith(("09-engine.", "09-serving.")):
             continue
         d = json.load(open(path))
         ch = name[:-len(".json")]  # "03-linear-tp" or "03-linear-tp.1gpu"
@@ -530,6 +574,9 @@ def blocks():
     if bench:
         out["09-tokenizer:bench"] = ("09-tokenizer.bench.json", render_tokenizer_bench(bench))
     out.update(engine_blocks())
+    serving = render_serving()
+    if serving:
+        out["09-engine:serving"] = ("09-serving.rate-inf.json", serving)
     return out
 
 

@@ -73,7 +73,9 @@ if [ -n "$TOKENIZER_DIR" ]; then
   done
 fi
 SERVER=
-cleanup() { [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null; wait 2>/dev/null; rm -rf "$MODEL"; }
+# Wait for the server alone: a bare `wait` also waits for the tee above, which ends only when
+# this script does (bash 5.2), so the script would never exit.
+cleanup() { [ -n "$SERVER" ] && { kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null; }; rm -rf "$MODEL"; }
 trap cleanup EXIT
 
 declare -A status
