@@ -260,3 +260,22 @@ int sampling_logprobs_cpu(const float *logits, int vocab, int32_t token, int top
     for (int k = m; k < top_n; k++) top_ids[k] = -1, top_lps[k] = -INFINITY;  // fewer non-NaN ids than asked
     return 0;
 }
+
+int sampling_min_p_mask_cpu(float *logits, int vocab, float temperature, float min_p) {
+    if (vocab < 1) return mv_error("sampling: vocab must be >= 1, got %d", vocab);
+    if (!(temperature >= 0) || !isfinite(temperature) || !(min_p >= 0 && min_p <= 1))
+        return mv_error("sampling: temperature %g must be >= 0 and finite, min_p %g in [0, 1]", temperature, min_p);
+    float top = 0;
+    if (temperature == 0 || min_p == 0 || !finite_top(logits, vocab, &top)) return 0;
+    const float inv_t = sampling_inv_temperature(temperature);
+    const uint64_t floor_mass = (uint64_t)ceil((double)min_p * 4294967296.0);  // as kept_prefix's
+    uint64_t fail = 0;  // the first pack of the order whose mass is short; 0: none is
+    for (int32_t i = 0; i < vocab; i++) {
+        if (!isfinite(logits[i]) || sampling_mass(sampling_log_weight(logits[i], top, inv_t)) >= floor_mass) continue;
+        const uint64_t p = sampling_pack(sampling_order_key(logits[i]), i);
+        if (p > fail) fail = p;
+    }
+    for (int32_t i = 0; fail && i < vocab; i++)  // the top token's mass is 2^32: it is never dropped
+        if (isfinite(logits[i]) && sampling_pack(sampling_order_key(logits[i]), i) <= fail) logits[i] = -INFINITY;
+    return 0;
+}

@@ -58,7 +58,8 @@ typedef struct {
     float top_p;        // in (0, 1]; 1 = off
     uint64_t seed;      // the request's seed
     int64_t gen_index;  // >= 0: tokens the request had generated before this one
-    float min_p;        // in [0, 1]; 0 = off (the host sampler only: kernels/sampling.h has no min_p yet)
+    float min_p;        // in [0, 1]; 0 = off (kernels/sampling.h has none: the GPU masks the row first,
+                        // sampling_min_p_mask_cpu below, kernels/sampling_opts.h)
 } sampling_row_t;
 
 // Scratch for one vocabulary, reused across calls (one per thread).
@@ -118,6 +119,69 @@ int sampling_apply_penalties_cpu(float *logits, int vocab, const int32_t *prompt
 #define SAMPLING_MAX_TOP_LOGPROBS 20
 int sampling_logprobs_cpu(const float *logits, int vocab, int32_t token, int top_n, float *token_lp,
                           int32_t *top_ids, float *top_lps);
+
+// min_p as a mask, for a sampler without it (the GPU's, kernels/sampling.h):
+// the finite logits that min_p's cut of rule 2 drops become -inf, in place,
+// so that the rule without min_p on the masked row keeps exactly what the
+// rule with min_p keeps on the row, whatever top_k and top_p (and so draws
+// the same id). Why that holds: min_p and top-k each keep a prefix of the
+// order, so together they keep the shorter one, whichever cuts first; top-p
+// then sums the masses of that same prefix. The cut: rule 2 walks the order
+// while a mass is >= ceil(min_p 2^32) and stops at the first that is not,
+// so with p_fail = the largest pack (sampling_pack) of a finite logit whose
+// mass is below, the dropped tokens are the finite ones with a pack <=
+// p_fail: one scan for a maximum, then one to mask; exact whether or not
+// the masses fall strictly along the order (exp's last bit need not). top
+// is the largest logit, as rule 2's, so call it after the penalties.
+// Nothing changes when temperature is 0 (greedy ignores min_p), min_p is 0,
+// or the row has no finite largest value (the sampler then fails the row).
+// -1 with mv_error() when vocab < 1, temperature < 0 or not finite, or
+// min_p is outside [0, 1]. kernels/sampling_opts.h does the same on the GPU.
+int sampling_min_p_mask_cpu(float *logits, int vocab, float temperature, float min_p);
+
+// ---- the same options on the GPU: what the host uploads, and gets back -------------------
+//
+// kernels/sampling_opts.h runs min_tokens, the penalties, min_p (as the mask
+// above) and logprobs on the device, around the GPU sampler, with these
+// functions' numbers. Its two row types are here, plain C, so that host
+// code (chapters/09-engine/runtime/sampler.c fills them) builds without CUDA.
+#define SAMPLING_OPTS_MAX_TOP 20
+#ifdef __cplusplus
+static_assert(SAMPLING_OPTS_MAX_TOP == SAMPLING_MAX_TOP_LOGPROBS, "top_logprobs: one bound on both backends");
+#else
+_Static_assert(SAMPLING_OPTS_MAX_TOP == SAMPLING_MAX_TOP_LOGPROBS, "top_logprobs: one bound on both backends");
+#endif
+
+// One row's options, uploaded per step (a device array, one per sampled
+// row), filled from the request as sampler_sample_seq reads it: repetition
+// 0 means 1, num_stop is 0 once the request has min_tokens tokens,
+// top_logprobs is -1 without logprobs. All off (the kernels leave the row at
+// once): presence and frequency 0, repetition 1, num_stop 0, top_logprobs
+// -1, and min_p 0 or temperature 0.
+typedef struct {
+    float temperature;  // the sampler's (min_p is relative to the tempered top); 0 = greedy: min_p ignored
+    float min_p;        // in [0, 1]; 0 = off
+    float presence, frequency, repetition;  // finite, repetition > 0; 0, 0, 1 = off
+    int32_t ids_start;   // this row's penalty ids in the step's id array: [ids_start, + num_prompt) the
+    int32_t num_prompt;  //   prompt, then num_output generated ids; read only when a penalty is on;
+    int32_t num_output;  //   ids outside [0, vocab) are skipped (the host has validated them)
+    int32_t stop_start, num_stop;  // min_tokens: the logits of ids[stop_start, + num_stop) set to -inf
+    int32_t top_logprobs;          // -1 = no logprobs; else 0..20 top entries besides the token's own
+    int32_t keep_raw;              // 1: the raw row is copied aside even without logprobs (the host reads
+                                   //   the step's logits as they were before these options changed them)
+} sampling_opts_row_t;
+
+// One row's logprobs, copied back with the sampled ids; written only for
+// rows with top_logprobs >= 0. sampling_logprobs_cpu's numbers, lse summed
+// in another order (equal to within a few float ulp), the top ids exactly.
+typedef struct {
+    double lse;           // log-sum-exp of the raw row, in double as sampling_logprobs_cpu's;
+                          // NaN: the raw row has no finite largest value (that function's error: fail the step)
+    float token_logprob;  // the sampled token's; -inf for a NaN logit or an id of -1
+    int32_t num_top;      // top_logprobs (0 when lse is NaN)
+    int32_t top_ids[SAMPLING_OPTS_MAX_TOP];     // largest first, ties to the lower id; -1 past the non-NaN ids
+    float top_logprobs[SAMPLING_OPTS_MAX_TOP];  // theirs; -inf past the non-NaN ids
+} sampling_logprobs_t;
 
 #ifdef __cplusplus
 }

@@ -482,6 +482,97 @@ Test(sampler, validates_params_and_samples_as_the_reference) {
     sampling_scratch_free(&s);
 }
 
+// The GPU's description of a row (sampler_opts_row: what the CUDA backend
+// uploads for kernels/sampling_opts.h) carries everything sampler_sample_seq
+// uses: the kernels' steps, done here with their CPU references from that
+// description alone (logprobs of the raw row, the stop ids it lists masked,
+// the penalties over the ids it lists, the min_p mask, then the rule
+// without min_p), give the host sampler's token and logprobs, bit for bit.
+Test(sampler, the_devices_row_description_reproduces_the_host_sampler) {
+    enum { V = 97, NP = 9, MAXN = 40 };
+    sampler_scratch_t hs;
+    sampling_scratch_t ref;
+    cr_assert_eq(sampler_scratch_init(&hs, V), 0);
+    cr_assert_eq(sampling_scratch_init(&ref, V), 0);
+    const sampling_params_t kinds[] = {
+        {.temperature = 1.5f, .top_p = 1.0f, .max_tokens = 64, .min_p = 0.05f, .presence_penalty = 0.5f,
+         .frequency_penalty = 0.3f, .repetition_penalty = 1.3f, .logprobs = 1, .top_logprobs = 5},
+        {.temperature = 0.0f, .top_p = 1.0f, .max_tokens = 64, .frequency_penalty = 2.0f, .repetition_penalty = 1.8f,
+         .logprobs = 1},
+        {.temperature = 2.0f, .top_k = 10, .top_p = 0.9f, .max_tokens = 64, .min_tokens = 20, .min_p = 0.1f},
+        {.temperature = 0.8f, .top_p = 0.95f, .max_tokens = 64, .presence_penalty = -1.0f, .logprobs = 1,
+         .top_logprobs = 20},
+        {.temperature = 1.0f, .top_p = 1.0f, .max_tokens = 64, .repetition_penalty = 0.7f, .min_tokens = 3}};
+    const int32_t stop_ids[3] = {5, 17, 96};
+    int32_t tokens[NP + MAXN], ids[NP + MAXN + 3];
+    float raw[V], row[V], host[V];
+    int checked = 0, changed = 0;
+    uint32_t rng = 12345;
+    for (size_t kind = 0; kind < sizeof kinds / sizeof *kinds; kind++) {
+        const sampling_params_t *p = &kinds[kind];
+        for (int i = 0; i < NP; i++) tokens[i] = (int32_t)((i * 31 + (int)kind) % V);
+        for (int n = NP; n < NP + MAXN; n++) {
+            for (int i = 0; i < V; i++) {
+                rng = rng * 1664525u + 1013904223u;
+                raw[i] = (float)((int)(rng >> 9) % 2000 - 1000) / 250.0f;  // ties and repeats happen
+            }
+            const sampler_seq_t seq = {tokens, NP, n, stop_ids, 3};
+            // The host sampler.
+            memcpy(host, raw, sizeof raw);
+            int32_t want = -1, got = -1;
+            sampler_logprob_t want_lp = {0};
+            cr_assert_eq(sampler_sample_seq(&hs, host, p, 99, &seq, &want, &want_lp), 0, "%s", mv_last_error());
+            // The device's description, applied step by step.
+            sampling_opts_row_t o;
+            int num_ids = 0;
+            cr_assert_eq(sampler_opts_row(p, &seq, &o, ids, (int)(sizeof ids / sizeof *ids), &num_ids), 0);
+            cr_expect_eq(o.top_logprobs, p->logprobs ? p->top_logprobs : -1);
+            memcpy(row, raw, sizeof raw);
+            for (int k = 0; k < o.num_stop; k++) row[ids[o.stop_start + k]] = -INFINITY;
+            if (o.presence != 0 || o.frequency != 0 || o.repetition != 1.0f) {
+                uint64_t scratch[NP + MAXN];
+                cr_assert_eq(sampling_apply_penalties_cpu(row, V, ids + o.ids_start, o.num_prompt,
+                                                          ids + o.ids_start + o.num_prompt, o.num_output, o.presence,
+                                                          o.frequency, o.repetition, scratch), 0);
+            }
+            cr_assert_eq(sampling_min_p_mask_cpu(row, V, o.temperature, o.min_p), 0);
+            const sampling_row_t bare = {.temperature = o.temperature, .top_k = p->top_k, .top_p = p->top_p,
+                                         .seed = 99, .gen_index = n - NP};
+            cr_assert_eq(sample_token_cpu(&ref, row, &bare, &got), 0, "%s", mv_last_error());
+            cr_expect_eq(got, want, "kind %zu, %d tokens: the device's description draws %d, the host %d", kind, n,
+                         got, want);
+            cr_expect_eq(memcmp(row, host, sizeof row) == 0 || o.min_p > 0, 1,
+                         "kind %zu, %d tokens: the row before min_p differs from the host's", kind, n);
+            if (p->logprobs) {
+                float lp = 0, top_lps[SAMPLING_MAX_TOP_LOGPROBS];
+                int32_t top_ids[SAMPLING_MAX_TOP_LOGPROBS];
+                cr_assert_eq(sampling_logprobs_cpu(raw, V, got, o.top_logprobs, &lp, top_ids, top_lps), 0);
+                cr_expect_eq(lp, want_lp.logprob, "kind %zu: logprob %.9g, host %.9g", kind, lp, want_lp.logprob);
+                for (int j = 0; j < o.top_logprobs; j++) cr_expect_eq(top_ids[j], want_lp.top_ids[j]);
+            }
+            changed += memcmp(row, raw, sizeof row) != 0;
+            tokens[n] = want;
+            checked++;
+        }
+    }
+    cr_expect_eq(checked, (int)(sizeof kinds / sizeof *kinds) * MAXN);
+    cr_expect_gt(changed, checked / 2, "the options changed only %d of %d rows", changed, checked);
+    // Rows without options are described as all off; a too small id buffer is an error, not an overflow.
+    const sampling_params_t plain = {.temperature = 1.0f, .top_p = 1.0f, .max_tokens = 4};
+    const sampler_seq_t seq = {tokens, NP, NP + 2, stop_ids, 3};
+    sampling_opts_row_t o;
+    int num_ids = 0;
+    cr_expect_eq(sampler_uses_options(&plain, 0), 0);
+    cr_assert_eq(sampler_opts_row(&plain, &seq, &o, ids, 4, &num_ids), 0);
+    cr_expect_eq(num_ids, 0);
+    cr_expect(o.repetition == 1.0f && o.top_logprobs == -1 && o.num_stop == 0 && o.min_p == 0);
+    num_ids = 0;
+    cr_expect_eq(sampler_opts_row(&kinds[0], &seq, &o, ids, 4, &num_ids), -1);
+    cr_expect(strstr(mv_last_error(), "ids") != NULL, "%s", mv_last_error());
+    sampler_scratch_free(&hs);
+    sampling_scratch_free(&ref);
+}
+
 // What the on_logits hook saw: for each request and gen_index, the token
 // the reference draws from those logits with the request's parameters and
 // seed, and how many times that (request, gen_index) was sampled.

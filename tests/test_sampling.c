@@ -16,6 +16,10 @@
  *   - draws stay inside the kept set and follow softmax(logits / T) over it
  *     (chi-square over 200000 draws);
  *   - a draw depends on (seed, gen_index, logits, parameters) only;
+ *   - min_p as a mask (sampling_min_p_mask_cpu, what the GPU does): the
+ *     rule without min_p on the masked row keeps and draws exactly what the
+ *     rule with it does on the row, for any top-k and top-p, and a mask one
+ *     token off is caught;
  *   - a committed golden: fixed logits, parameters and seeds, the ids the
  *     rule gives; a change of the random stream or the rule fails, saying
  *     which.
@@ -486,6 +490,198 @@ Test(kept, min_p_keeps_what_is_min_p_times_as_likely_as_the_top) {
     }
     cr_expect_gt(cases, 1000);
     sampling_scratch_free(&s);
+}
+
+// ---- min_p as a mask (the GPU's way to it) ---------------------------------------------------
+
+// Rows for the mask: random_logits' four styles (normal, ties, NaN/-inf
+// holes, zeros) and rows that stress a cut: flat (min_p keeps most),
+// constant (every mass 2^32: all kept), one finite value among NaN and
+// -inf, a sharp top (min_p keeps one), a +inf and nothing finite (no
+// answer: the mask must leave those alone).
+#define MASK_STYLES 9
+static void mask_test_row(rng_t *g, float *l, int V, int style) {
+    if (style < 4) {
+        random_logits(g, l, V, style);
+        return;
+    }
+    for (int i = 0; i < V; i++) {
+        float x = rng_normal(g, 0.0f, 1.0f);
+        if (style == 4) x = rng_uniform(g, -0.01f, 0.01f);
+        if (style == 5) x = 1.5f;
+        if (style == 6) x = i % 2 ? NAN : -INFINITY;
+        if (style == 8) x = i % 3 ? NAN : -INFINITY;
+        l[i] = x;
+    }
+    if (style == 6) l[rng_int(g, 0, V - 1)] = 0.75f;
+    if (style == 7) l[rng_int(g, 0, V - 1)] = 30.0f;
+    if (style == 8 && V > 2) l[V / 2] = INFINITY;
+}
+
+// 0 when `r` (with its min_p) on l and r without min_p on `masked` keep the
+// same ids in the same order, or both fail; else 1, with the first
+// difference in msg.
+static int mask_kept_differs(sampling_scratch_t *s, sampling_scratch_t *s2, const float *l, const float *masked,
+                             sampling_row_t r, char *msg, size_t cap) {
+    sampling_row_t r0 = r;
+    r0.min_p = 0;
+    int n = 0, n0 = 0;
+    const int rc = sampling_kept_cpu(s, l, &r, &n), rc0 = sampling_kept_cpu(s2, masked, &r0, &n0);
+    if (rc || rc0) {
+        snprintf(msg, cap, "kept sets fail: with min_p %d, on the masked row %d", rc, rc0);
+        return rc != rc0;
+    }
+    if (n != n0) {
+        snprintf(msg, cap, "min_p keeps %d tokens, the masked row %d", n, n0);
+        return 1;
+    }
+    for (int j = 0; j < n; j++)
+        if (s->order[j] != s2->order[j]) {
+            snprintf(msg, cap, "kept[%d]: id %d with min_p, id %d on the masked row", j, sampling_unpack_id(s->order[j]),
+                     sampling_unpack_id(s2->order[j]));
+            return 1;
+        }
+    return 0;
+}
+
+// The mask is min_p: on rows of every style, for temperatures from 1e-30 to
+// 1e30 (all dropped but the top's ties, to none dropped), min_p from 1e-6
+// to 1, with top-k and top-p on or off, the rule without min_p on the
+// masked row keeps the same ids in the same order as the rule with min_p on
+// the row, and draws the same ids for every key; greedy rows and rows with
+// no answer are left bit for bit as they were.
+Test(min_p_mask, is_the_reference_min_p_for_every_top_k_and_top_p) {
+    const int vocabs[] = {1, 2, 7, 64, 1000, 4096};
+    const float temps[] = {0.0f, 1e-30f, 0.05f, 0.6f, 1.0f, 2.5f, 1e30f};
+    const float mps[] = {1e-6f, 0.01f, 0.05f, 0.1f, 0.5f, 0.9f, 1.0f};
+    const struct {
+        int k;  // -1: V
+        float p;
+    } cuts[] = {{0, 1.0f}, {1, 1.0f}, {3, 1.0f}, {50, 0.9f}, {0, 0.5f}, {0, 1e-6f}, {-1, 0.95f}};
+    rng_t g;
+    rng_seed(&g, 41);
+    int kept_cases = 0, draws = 0, dropped_rows = 0;
+    char msg[160];
+    for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+        const int V = vocabs[vi];
+        const int n_seeds = V > 1000 ? 1 : 4;  // qsort of the 4096-wide rows dominates the time
+        float *l = malloc((size_t)V * sizeof *l), *m = malloc((size_t)V * sizeof *m);
+        sampling_scratch_t s, s2;
+        cr_assert_eq(sampling_scratch_init(&s, V), 0);
+        cr_assert_eq(sampling_scratch_init(&s2, V), 0);
+        for (int style = 0; style < MASK_STYLES; style++) {
+            mask_test_row(&g, l, V, style);
+            const int32_t best = sampling_argmax_cpu(l, V);
+            const int answer = best >= 0 && isfinite(l[best]);
+            for (size_t ti = 0; ti < sizeof temps / sizeof *temps; ti++)
+                for (size_t mi = 0; mi < sizeof mps / sizeof *mps; mi++) {
+                    memcpy(m, l, (size_t)V * sizeof *m);
+                    cr_assert_eq(sampling_min_p_mask_cpu(m, V, temps[ti], mps[mi]), 0, "%s", mv_last_error());
+                    int dropped = 0;
+                    for (int i = 0; i < V; i++) {
+                        if (memcmp(&m[i], &l[i], sizeof *m) == 0) continue;
+                        cr_assert(isfinite(l[i]) && m[i] == -INFINITY, "V %d style %d: id %d went from %g to %g", V,
+                                  style, i, l[i], m[i]);
+                        dropped++;
+                    }
+                    if (temps[ti] == 0 || !answer)
+                        cr_assert_eq(dropped, 0, "V %d style %d T %g: the mask dropped %d tokens of a %s row", V, style,
+                                     temps[ti], dropped, temps[ti] == 0 ? "greedy" : "answerless");
+                    dropped_rows += dropped > 0;
+                    for (size_t ci = 0; ci < sizeof cuts / sizeof *cuts; ci++) {
+                        sampling_row_t r = row_of(temps[ti], cuts[ci].k < 0 ? V : cuts[ci].k, cuts[ci].p, 0, 0);
+                        r.min_p = mps[mi];
+                        if (r.temperature > 0) {
+                            cr_assert(!mask_kept_differs(&s, &s2, l, m, r, msg, sizeof msg),
+                                      "V %d style %d T %g min_p %g top_k %d top_p %g: %s", V, style, r.temperature,
+                                      r.min_p, r.top_k, r.top_p, msg);
+                            kept_cases++;
+                        }
+                        sampling_row_t r0 = r;
+                        r0.min_p = 0;
+                        for (int k = 0; k < n_seeds; k++) {
+                            r.seed = r0.seed = rng_u64(&g);
+                            r.gen_index = r0.gen_index = (int64_t)(rng_u64(&g) >> 24);
+                            int32_t id = -7, id0 = -7;
+                            const int rc = sample_token_cpu(&s, l, &r, &id), rc0 = sample_token_cpu(&s2, m, &r0, &id0);
+                            cr_assert(rc == rc0 && id == id0,
+                                      "V %d style %d T %g min_p %g top_k %d top_p %g seed %llu: drew %d (rc %d) with "
+                                      "min_p, %d (rc %d) from the masked row",
+                                      V, style, r.temperature, r.min_p, r.top_k, r.top_p, (unsigned long long)r.seed,
+                                      id, rc, id0, rc0);
+                            draws++;
+                        }
+                    }
+                }
+        }
+        sampling_scratch_free(&s);
+        sampling_scratch_free(&s2);
+        free(l), free(m);
+    }
+    if (verbose())
+        fprintf(stderr, "min_p mask: %d kept sets and %d draws equal; %d masks dropped tokens\n", kept_cases, draws,
+                dropped_rows);
+    cr_expect_gt(dropped_rows, 300, "only %d masks dropped anything: the cases do not exercise the cut", dropped_rows);
+}
+
+// The comparison above has teeth: a mask one token off either way (the
+// last token min_p keeps dropped too, or the first it drops put back) is
+// caught on every row where min_p cuts.
+Test(min_p_mask, a_mask_one_token_off_is_caught) {
+    const int V = 1000;
+    float l[1000], m[1000];
+    sampling_scratch_t s, s2;
+    cr_assert_eq(sampling_scratch_init(&s, V), 0);
+    cr_assert_eq(sampling_scratch_init(&s2, V), 0);
+    rng_t g;
+    rng_seed(&g, 43);
+    char msg[160];
+    int cases = 0;
+    for (int t = 0; t < 40; t++) {
+        mask_test_row(&g, l, V, t % 4);
+        sampling_row_t r = row_of(t % 2 ? 1.0f : 0.6f, 0, 1.0f, 0, 0);
+        r.min_p = t % 3 ? 0.05f : 0.2f;
+        memcpy(m, l, sizeof m);
+        cr_assert_eq(sampling_min_p_mask_cpu(m, V, r.temperature, r.min_p), 0);
+        cr_assert(!mask_kept_differs(&s, &s2, l, m, r, msg, sizeof msg), "row %d: %s", t, msg);
+        // The last kept and the first dropped token, in the order.
+        uint64_t last_kept = ~0ull, first_dropped = 0;
+        for (int32_t i = 0; i < V; i++) {
+            if (!isfinite(l[i])) continue;
+            const uint64_t p = sampling_pack(sampling_order_key(l[i]), i);
+            if (isfinite(m[i]) && p < last_kept) last_kept = p;
+            if (!isfinite(m[i]) && p > first_dropped) first_dropped = p;
+        }
+        if (!first_dropped || last_kept == ~0ull) continue;
+        const int32_t keep_id = sampling_unpack_id(last_kept), drop_id = sampling_unpack_id(first_dropped);
+        if (keep_id != sampling_argmax_cpu(l, V)) {  // the top token: no cut drops it
+            m[keep_id] = -INFINITY;
+            cr_expect(mask_kept_differs(&s, &s2, l, m, r, msg, sizeof msg),
+                      "row %d: a mask that drops id %d too went unnoticed", t, keep_id);
+            m[keep_id] = l[keep_id];
+        }
+        m[drop_id] = l[drop_id];
+        cr_expect(mask_kept_differs(&s, &s2, l, m, r, msg, sizeof msg),
+                  "row %d: a mask that keeps id %d too went unnoticed", t, drop_id);
+        cases++;
+    }
+    cr_expect_gt(cases, 30, "only %d rows had a min_p cut", cases);
+    sampling_scratch_free(&s);
+    sampling_scratch_free(&s2);
+}
+
+Test(min_p_mask, bad_parameters_are_errors_naming_the_value) {
+    float l[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 4, 1.0f, 1.5f), -1);
+    cr_expect(strstr(mv_last_error(), "min_p 1.5") != NULL, "%s", mv_last_error());
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 4, -1.0f, 0.1f), -1);
+    cr_expect(strstr(mv_last_error(), "temperature -1") != NULL, "%s", mv_last_error());
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 4, NAN, 0.1f), -1);
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 0, 1.0f, 0.1f), -1);
+    // min_p 0 and temperature 0 are off: nothing changes
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 4, 1.0f, 0.0f), 0);
+    cr_expect_eq(sampling_min_p_mask_cpu(l, 4, 0.0f, 0.9f), 0);
+    cr_expect(l[0] == 1.0f && l[1] == 2.0f && l[2] == 3.0f && l[3] == 4.0f);
 }
 
 // The penalties as vLLM applies them, against the formula written out.

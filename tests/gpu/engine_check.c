@@ -51,6 +51,17 @@
  *    each version's median time for greedy, T 0.6, T 0.6 + top_k 20 and
  *    Qwen3's default (T 0.6, top_k 20, top_p 0.95); a FAIL only if version
  *    2's ids there differ from version 1's.
+ * 2b. The sampler's options on the GPU (kernels/sampling_opts.h: min_tokens,
+ *    penalties, min_p, logprobs) around both sampler versions, against the
+ *    engine's host sampler (sampler_sample_seq) on the same rows: vocabularies
+ *    151936 (also strided), 4097, 1000 (strided), 7 and 1, up to 64 rows of
+ *    the kinds above with random options (every 6th row all off). The
+ *    prepared logits bit for bit equal to the host's row after min_tokens,
+ *    penalties and sampling_min_p_mask_cpu; the ids equal; the top logprob
+ *    ids equal and the values within LP_REL_TOL / LP_ABS_TOL; d_counts zero
+ *    after every run; the three launches in a CUDA graph give the same bits.
+ *    Then "sampler options timing" lines (information): 1 and 64 rows of
+ *    151936 with every option on, against the sampler alone.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -60,6 +71,7 @@
 #include <string.h>
 
 #include "chapters/09-engine/runtime/engine.h"
+#include "chapters/09-engine/runtime/sampler.h"
 #include "common/check.h"
 #include "common/rng.h"
 #include "reference/sampling.h"
@@ -67,7 +79,9 @@
 #if MV_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "kernels/pdl.h"
 #include "kernels/sampling.h"
+#include "kernels/sampling_opts.h"
 #endif
 
 // Tolerances, each with its reason (conventions: never tuned to pass).
@@ -870,6 +884,704 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
     free(h_logits), free(h_temp), free(h_tp), free(ms), free(h_tk), free(h_seed), free(h_gen);
 }
 
+// ---- the sampler's options on the GPU (kernels/sampling_opts.h) against the host sampler -------
+//
+// The host rule is chapters/09-engine/runtime/sampler.c's sampler_sample_seq
+// (logprobs of the raw row; min_tokens; penalties; the draw with min_p),
+// called as the engine calls it; the GPU runs sampling_prepare_cuda,
+// sample_tokens_cuda (both versions) and sampling_logprobs_finish_cuda on
+// the same rows. Required: the prepared logits bit for bit equal to the
+// host's row after min_tokens and the penalties, masked by
+// sampling_min_p_mask_cpu (a NaN may change its payload: any NaN for a
+// NaN); the ids equal; the top ids equal; the log-probabilities within the
+// tolerance below; d_counts zero again after every run; rows without
+// logprobs leave their d_lp bytes as they were.
+//
+// Log-probabilities: both sides sum exp(l - top) in double, the host in a
+// loop, the GPU in a tree, each term within an ulp of double (glibc's exp
+// and CUDA's), so the two sums differ by at most about vocab x 2^-53
+// relative (2e-11 at 151936): lse differs by that much, far below a
+// float's ulp at any value the logits give. The float results are then
+// equal or one ulp apart (when a rounding boundary falls between the two
+// doubles): LP_REL_TOL is 2 ulp (a pair straddling a power of two), and
+// LP_ABS_TOL covers the 2e-11 near 0 with 50x to spare. -inf must be -inf.
+#define LP_REL_TOL 0x1p-22
+#define LP_ABS_TOL 1e-9
+#define OPTS_MAX_IDS 512  // a row's ids on the GPU: prompt, output (each with bad ids mixed in) and stop ids
+#define OPTS_MAX_STOP 4
+
+// One batch of rows: the host's requests and the GPU's inputs made from them.
+typedef struct {
+    int R, V, ids_per_row;
+    long long stride;
+    float *logits;            // [R, stride] raw; NaN past V
+    sampling_params_t *p;     // [R]
+    int32_t *tokens;          // [R, OPTS_MAX_IDS] the host's sequence: num_prompt ids, then the generated
+    int *num_prompt, *num_tokens;  // [R]
+    int32_t *stop;            // [R, OPTS_MAX_STOP] eos / stop ids (one may lie outside the vocabulary)
+    int *num_stop, *kind;     // [R]
+    sampling_opts_row_t *opts;  // [R] the GPU's
+    int32_t *ids;             // [R, ids_per_row] the GPU's: the same ids, with bad ones mixed in
+    float *temp, *top_p;      // [R] the sampler's
+    int32_t *top_k;
+    uint64_t *seed;
+    int64_t *gen;
+} opts_batch_t;
+
+// What the host gives for a batch.
+typedef struct {
+    float *prepared;          // [R, stride] the row after min_tokens, penalties and the min_p mask
+    int32_t *id;              // [R] -1: the host sampler found no answer
+    int *lp_ok;               // [R] logprobs wanted and the raw row has a finite largest value
+    sampler_logprob_t *lp;    // [R]
+} opts_expect_t;
+
+static void opts_batch_free(opts_batch_t *b) {
+    free(b->logits), free(b->p), free(b->tokens), free(b->num_prompt), free(b->num_tokens), free(b->stop);
+    free(b->num_stop), free(b->kind), free(b->opts), free(b->ids), free(b->temp), free(b->top_p), free(b->top_k);
+    free(b->seed), free(b->gen);
+}
+
+static void opts_batch_alloc(opts_batch_t *b, int R, int V, long long stride, int ids_per_row) {
+    const size_t r = (size_t)R;
+    *b = (opts_batch_t){.R = R, .V = V, .ids_per_row = ids_per_row, .stride = stride};
+    b->logits = mv_xmalloc(r * (size_t)stride * sizeof(float));
+    b->p = mv_xmalloc(r * sizeof *b->p);
+    b->tokens = mv_xmalloc(r * OPTS_MAX_IDS * sizeof(int32_t));
+    b->num_prompt = mv_xmalloc(r * sizeof(int)), b->num_tokens = mv_xmalloc(r * sizeof(int));
+    b->stop = mv_xmalloc(r * OPTS_MAX_STOP * sizeof(int32_t));
+    b->num_stop = mv_xmalloc(r * sizeof(int)), b->kind = mv_xmalloc(r * sizeof(int));
+    b->opts = mv_xmalloc(r * sizeof *b->opts);
+    b->ids = mv_xmalloc(r * (size_t)ids_per_row * sizeof(int32_t));
+    b->temp = mv_xmalloc(r * sizeof(float)), b->top_p = mv_xmalloc(r * sizeof(float));
+    b->top_k = mv_xmalloc(r * sizeof(int32_t));
+    b->seed = mv_xmalloc(r * sizeof(uint64_t)), b->gen = mv_xmalloc(r * sizeof(int64_t));
+}
+
+// Row r: logits of a fill_row kind (every 17th with only five non-NaN
+// values: top_logprobs past them), sampler parameters, and, on all but
+// every 6th row (all off), each option on or off at random: min_p, the
+// three penalties (values that are not exact binary fractions, so the
+// roundings matter), logprobs with 0..20 top ids, min_tokens masking or
+// just past. The penalty and stop ids come mostly from a pool holding the
+// row's 8 largest, so they change the draw. On every 5th row the GPU's ids
+// also carry ids outside the vocabulary, which it must skip (the host
+// validates them away: its sequence never has them). Every 7th row crowds
+// its 24 largest logits into ids 1024 k, which one thread of the prepare
+// kernel reads (kernels/sampling_opts.cu: thread t reads t + 1024 j), and
+// asks for 20 top logprobs: more than the 4 packs a thread keeps, so the
+// merge must refill its lists from the row (ROW_CLUSTERED does it too, by 4
+// threads of 16).
+static void opts_make_row(rng_t *g, opts_batch_t *b, int r) {
+    static const float temps[5] = {0.0f, 0.3f, 0.6f, 1.0f, 1.5f}, tps[3] = {1.0f, 0.95f, 0.8f};
+    static const float mps[6] = {0.01f, 0.05f, 0.1f, 0.3f, 0.5f, 1.0f};
+    static const int ks[4] = {0, 1, 20, 50};
+    const int V = b->V;
+    float *x = b->logits + (size_t)r * b->stride;
+    fill_row(g, x, V, b->kind[r] = r % ROW_NUM_KINDS);
+    if (r % 17 == 16) {
+        for (int i = 0; i < V; i++) x[i] = NAN;
+        for (int j = 0; j < 5; j++) x[rng_int(g, 0, V - 1)] = rng_normal(g, 0.0f, 2.0f);
+    }
+    const int crowded = r % 7 == 3 && V > 1024;
+    for (int k = 0; crowded && k < 24 && 1024 * k < V; k++) x[1024 * k] = 12.0f - 0.25f * (float)k;
+    for (long long i = V; i < b->stride; i++) x[i] = NAN;
+    int32_t pool[24];
+    float lp1, lps[8];
+    const int n_big = V < 8 ? V : 8;
+    if (sampling_logprobs_cpu(x, V, 0, n_big, &lp1, pool, lps))
+        for (int j = 0; j < n_big; j++) pool[j] = -1;
+    for (int j = 0; j < 24; j++)
+        if (j >= n_big || pool[j] < 0) pool[j] = rng_int(g, 0, V - 1);
+
+    sampling_params_t *p = &b->p[r];
+    *p = (sampling_params_t){.temperature = temps[rng_int(g, 0, 4)], .top_k = ks[rng_int(g, 0, 3)],
+                             .top_p = tps[rng_int(g, 0, 2)], .max_tokens = 1 << 20};
+    const int all_off = r % 6 == 0;
+    if (!all_off) {
+        if (rng_int(g, 0, 1)) p->min_p = mps[rng_int(g, 0, 5)];
+        if (rng_int(g, 0, 1)) p->presence_penalty = rng_int(g, 0, 1) ? 0.7f : rng_uniform(g, -2.0f, 2.0f);
+        if (rng_int(g, 0, 1)) p->frequency_penalty = rng_int(g, 0, 1) ? 0.3f : rng_uniform(g, -2.0f, 2.0f);
+        if (rng_int(g, 0, 1)) p->repetition_penalty = rng_int(g, 0, 1) ? 1.1f : rng_uniform(g, 0.5f, 2.0f);
+        if (rng_int(g, 0, 1)) p->logprobs = 1, p->top_logprobs = rng_int(g, 0, V < 20 ? V : 20);
+    }
+    if (crowded || (b->kind[r] == ROW_CLUSTERED && !all_off)) p->logprobs = 1, p->top_logprobs = V < 20 ? V : 20;
+    const int np = rng_int(g, 0, 300), no = rng_int(g, 0, 150), bad = r % 5 == 1;
+    int32_t *t = b->tokens + (size_t)r * OPTS_MAX_IDS;
+    for (int k = 0; k < np + no; k++) t[k] = rng_int(g, 0, 9) < 7 ? pool[rng_int(g, 0, 23)] : rng_int(g, 0, V - 1);
+    b->num_prompt[r] = np, b->num_tokens[r] = np + no;
+    int32_t *stop = b->stop + (size_t)r * OPTS_MAX_STOP;
+    int ns = 0;
+    if (!all_off && rng_int(g, 0, 1)) {
+        ns = rng_int(g, 1, OPTS_MAX_STOP);
+        for (int k = 0; k < ns; k++) stop[k] = k == 3 ? V + 7 : rng_int(g, 0, 1) ? pool[rng_int(g, 0, 7)] : rng_int(g, 0, V - 1);
+        p->min_tokens = rng_int(g, 0, 2) ? no + 1 + rng_int(g, 0, 3) : no;  // masking, or just done
+    }
+    b->num_stop[r] = ns;
+
+    // The GPU's ids: prompt, output, stop ids, at this row's slot of the id array.
+    const int base = r * OPTS_MAX_IDS;
+    int32_t *d = b->ids + base;
+    int n = 0;
+    for (int k = 0; k < np; k++) d[n++] = t[k];
+    if (bad) d[n++] = -1, d[n++] = V;
+    const int np_gpu = n;
+    for (int k = 0; k < no; k++) d[n++] = t[np + k];
+    if (bad) d[n++] = V + 100;
+    const int no_gpu = n - np_gpu, stop_at = n;
+    for (int k = 0; k < ns; k++) d[n++] = stop[k];
+    b->opts[r] = (sampling_opts_row_t){.temperature = p->temperature,
+                                       .min_p = p->min_p,
+                                       .presence = p->presence_penalty,
+                                       .frequency = p->frequency_penalty,
+                                       .repetition = p->repetition_penalty == 0 ? 1.0f : p->repetition_penalty,
+                                       .ids_start = base,
+                                       .num_prompt = np_gpu,
+                                       .num_output = no_gpu,
+                                       .stop_start = base + stop_at,
+                                       .num_stop = no < p->min_tokens ? ns : 0,
+                                       .top_logprobs = p->logprobs ? p->top_logprobs : -1};
+    b->temp[r] = p->temperature, b->top_k[r] = p->top_k, b->top_p[r] = p->top_p;
+    b->seed[r] = rng_u64(g), b->gen[r] = no;
+}
+
+// The host's answers for every row, as the engine's host sampler gives them.
+static int opts_expect(const opts_batch_t *b, opts_expect_t *e) {
+    const int R = b->R, V = b->V;
+    e->prepared = mv_xmalloc((size_t)R * (size_t)b->stride * sizeof(float));
+    e->id = mv_xmalloc((size_t)R * sizeof(int32_t)), e->lp_ok = mv_xmalloc((size_t)R * sizeof(int));
+    e->lp = mv_xmalloc((size_t)R * sizeof *e->lp);
+    sampler_scratch_t ss;
+    if (sampler_scratch_init(&ss, V)) return -1;
+    int rc = 0;
+    for (int r = 0; r < R && !rc; r++) {
+        const float *raw = b->logits + (size_t)r * b->stride;
+        float *x = e->prepared + (size_t)r * b->stride;
+        const sampling_params_t *p = &b->p[r];
+        const sampler_seq_t seq = {b->tokens + (size_t)r * OPTS_MAX_IDS, b->num_prompt[r], b->num_tokens[r],
+                                   b->stop + (size_t)r * OPTS_MAX_STOP, b->num_stop[r]};
+        sampler_logprob_t *lp = &e->lp[r];
+        memcpy(x, raw, (size_t)b->stride * sizeof(float));
+        e->id[r] = -1;
+        e->lp_ok[r] = p->logprobs;
+        if (sampler_sample_seq(&ss, x, p, b->seed[r], &seq, &e->id[r], p->logprobs ? lp : NULL)) {
+            // No answer for the draw, or (logprobs) none for the raw row: the draw alone tells which.
+            memcpy(x, raw, (size_t)b->stride * sizeof(float));
+            if (sampler_sample_seq(&ss, x, p, b->seed[r], &seq, &e->id[r], NULL)) e->id[r] = -1;
+            if (p->logprobs) {
+                lp->num_top = p->top_logprobs;
+                e->lp_ok[r] = !sampling_logprobs_cpu(raw, V, e->id[r] >= 0 ? e->id[r] : 0, p->top_logprobs,
+                                                     &lp->logprob, lp->top_ids, lp->top_logprobs);
+                if (e->id[r] < 0) lp->logprob = -INFINITY;  // the GPU's for an id of -1
+            }
+        }
+        rc = sampling_min_p_mask_cpu(x, V, p->temperature, p->min_p);
+    }
+    sampler_scratch_free(&ss);
+    return rc;
+}
+
+static void opts_expect_free(opts_expect_t *e) { free(e->prepared), free(e->id), free(e->lp_ok), free(e->lp); }
+
+static int lp_close(float gpu, float cpu) {
+    if (isnan(gpu) || isnan(cpu)) return 0;
+    if (isinf(gpu) || isinf(cpu)) return gpu == cpu;
+    return fabs((double)gpu - (double)cpu) <= LP_ABS_TOL + LP_REL_TOL * fabs((double)cpu);
+}
+
+// The GPU's buffers for one batch (d_counts zeroed here, once).
+typedef struct {
+    float *logits, *raw, *temp, *top_p;
+    int32_t *ids, *top_k, *out;
+    uint32_t *counts;
+    uint64_t *seed;
+    int64_t *gen;
+    sampling_opts_row_t *opts;
+    sampling_logprobs_t *lp;
+} obufs_t;
+
+static void obufs_free(obufs_t *d) {
+    cudaFree(d->logits), cudaFree(d->raw), cudaFree(d->temp), cudaFree(d->top_p), cudaFree(d->ids);
+    cudaFree(d->top_k), cudaFree(d->out), cudaFree(d->counts), cudaFree(d->seed), cudaFree(d->gen);
+    cudaFree(d->opts), cudaFree(d->lp);
+    *d = (obufs_t){0};
+}
+
+static int obufs_init(obufs_t *d, const opts_batch_t *b) {
+    const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
+    *d = (obufs_t){0};
+    return CUDA_TRY(cudaMalloc((void **)&d->logits, n * sizeof(float))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->raw, n * sizeof(float))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->temp, R * sizeof(float))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->top_p, R * sizeof(float))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->ids, R * (size_t)b->ids_per_row * sizeof(int32_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->top_k, R * sizeof(int32_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->out, R * sizeof(int32_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->counts, R * (size_t)b->V * sizeof(uint32_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->seed, R * sizeof(uint64_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->gen, R * sizeof(int64_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->opts, R * sizeof(sampling_opts_row_t))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->lp, R * sizeof(sampling_logprobs_t))) ||
+           CUDA_TRY(cudaMemset(d->counts, 0, R * (size_t)b->V * sizeof(uint32_t))) ||
+           CUDA_TRY(cudaMemcpy(d->temp, b->temp, R * sizeof(float), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->top_p, b->top_p, R * sizeof(float), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->top_k, b->top_k, R * sizeof(int32_t), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->ids, b->ids, R * (size_t)b->ids_per_row * sizeof(int32_t), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->seed, b->seed, R * sizeof(uint64_t), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->gen, b->gen, R * sizeof(int64_t), cudaMemcpyHostToDevice)) ||
+           CUDA_TRY(cudaMemcpy(d->opts, b->opts, R * sizeof(sampling_opts_row_t), cudaMemcpyHostToDevice))
+               ? -1
+               : 0;
+}
+
+// The raw logits up, the outputs poisoned (an unwritten id or logprob
+// shows; d_raw NaN), then the three launches on `stream`.
+static int opts_upload(const obufs_t *d, const opts_batch_t *b) {
+    const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
+    return CUDA_TRY(cudaMemcpy(d->logits, b->logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
+                   CUDA_TRY(cudaMemset(d->raw, 0xff, n * sizeof(float))) ||
+                   CUDA_TRY(cudaMemset(d->out, 0x7f, R * sizeof(int32_t))) ||
+                   CUDA_TRY(cudaMemset(d->lp, 0x7f, R * sizeof(sampling_logprobs_t)))
+               ? -1
+               : 0;
+}
+
+static int opts_launch(int version, const obufs_t *d, const opts_batch_t *b, cudaStream_t stream) {
+    return sampling_prepare_cuda(d->logits, b->stride, b->R, b->V, d->opts, d->ids, d->counts, d->raw, d->lp,
+                                 stream) ||
+                   sample_tokens_cuda(version, d->out, d->logits, b->stride, b->R, b->V, d->temp, d->top_k,
+                                      d->top_p, d->seed, d->gen, stream) ||
+                   sampling_logprobs_finish_cuda(d->out, d->raw, b->stride, b->R, d->opts, d->lp, stream)
+               ? -1
+               : 0;
+}
+
+// What one GPU run left: the prepared logits, ids, logprobs, and the count of nonzero d_counts words.
+typedef struct {
+    float *logits;
+    int32_t *out;
+    sampling_logprobs_t *lp;
+    long long counts_left;
+} ogot_t;
+
+static int opts_download(const obufs_t *d, const opts_batch_t *b, ogot_t *got) {
+    const size_t R = (size_t)b->R, n = R * (size_t)b->stride, nc = R * (size_t)b->V;
+    uint32_t *c = mv_xmalloc(nc * sizeof *c);
+    const int rc = CUDA_TRY(cudaDeviceSynchronize()) ||
+                   CUDA_TRY(cudaMemcpy(got->logits, d->logits, n * sizeof(float), cudaMemcpyDeviceToHost)) ||
+                   CUDA_TRY(cudaMemcpy(got->out, d->out, R * sizeof(int32_t), cudaMemcpyDeviceToHost)) ||
+                   CUDA_TRY(cudaMemcpy(got->lp, d->lp, R * sizeof(sampling_logprobs_t), cudaMemcpyDeviceToHost)) ||
+                   CUDA_TRY(cudaMemcpy(c, d->counts, nc * sizeof *c, cudaMemcpyDeviceToHost));
+    got->counts_left = 0;
+    for (size_t i = 0; i < nc; i++) got->counts_left += c[i] != 0;
+    free(c);
+    return rc ? -1 : 0;
+}
+
+// Prepared logits against the host's: bits equal (any NaN for a NaN)
+// inside the vocabulary, the padding untouched. Mismatching rows; the first
+// few are named.
+static int opts_compare_logits(const char *what, const opts_batch_t *b, const opts_expect_t *e, const float *got) {
+    int bad_rows = 0;
+    for (int r = 0; r < b->R; r++) {
+        const float *x = got + (size_t)r * b->stride, *want = e->prepared + (size_t)r * b->stride;
+        for (long long i = 0; i < b->stride; i++) {
+            const int same = memcmp(&x[i], &want[i], sizeof *x) == 0 || (i < b->V && isnan(x[i]) && isnan(want[i]));
+            if (same) continue;
+            if (bad_rows < 8)
+                verdict("FAIL", "sampler options %s row %d (%s) id %lld: prepared logit %.9g (0x%08x), the host's %.9g "
+                                "(0x%08x)",
+                        what, r, ROW_KIND_NAME[b->kind[r]], i, x[i], smath_bits(x[i]), want[i], smath_bits(want[i]));
+            bad_rows++;
+            break;
+        }
+    }
+    return bad_rows;
+}
+
+// Ids and logprobs of one version's run: one verdict each.
+static void opts_compare_draws(const char *what, const char *name, const opts_batch_t *b, const opts_expect_t *e,
+                               const ogot_t *got) {
+    int bad = 0, none = 0;
+    for (int r = 0; r < b->R; r++) {
+        none += e->id[r] < 0;
+        if (got->out[r] == e->id[r]) continue;
+        if (bad++ < 8)
+            verdict("FAIL", "sampler options %s %s row %d (%s; T %g, top_k %d, top_p %g, min_p %g): GPU id %d, the "
+                            "host's %d",
+                    name, what, r, ROW_KIND_NAME[b->kind[r]], b->p[r].temperature, b->p[r].top_k, b->p[r].top_p,
+                    b->p[r].min_p, got->out[r], e->id[r]);
+    }
+    verdict(bad ? "FAIL" : "PASS", "sampler options %s %s: ids: %d of %d rows differ from the host sampler's (%d "
+                                   "without an answer: -1)",
+            name, what, bad, b->R, none);
+
+    sampling_logprobs_t poison;
+    memset(&poison, 0x7f, sizeof poison);
+    int rows = 0, lp_bad = 0, invalid = 0, untouched_bad = 0, values = 0;
+    double worst = 0;
+    for (int r = 0; r < b->R; r++) {
+        const sampling_logprobs_t *g = &got->lp[r];
+        if (b->opts[r].top_logprobs < 0) {
+            untouched_bad += memcmp(g, &poison, sizeof poison) != 0;
+            continue;
+        }
+        rows++;
+        const sampler_logprob_t *w = &e->lp[r];
+        const int n = b->opts[r].top_logprobs;
+        char why[160] = "";
+        if (!e->lp_ok[r]) {  // the raw row has no finite largest value: the reference's error, lse NaN here
+            invalid++;
+            if (!isnan(g->lse) || g->num_top != 0) snprintf(why, sizeof why, "lse %g, num_top %d: want NaN, 0", g->lse, g->num_top);
+        } else if (g->num_top != n || isnan(g->lse)) {
+            snprintf(why, sizeof why, "num_top %d (want %d), lse %g", g->num_top, n, g->lse);
+        } else {
+            for (int k = 0; k <= n && !why[0]; k++) {
+                const float gv = k < n ? g->top_logprobs[k] : g->token_logprob, wv = k < n ? w->top_logprobs[k] : w->logprob;
+                if (k < n && g->top_ids[k] != w->top_ids[k])
+                    snprintf(why, sizeof why, "top id %d: %d, the host's %d", k, g->top_ids[k], w->top_ids[k]);
+                else if (!lp_close(gv, wv))
+                    snprintf(why, sizeof why, "%s%d: %.9g, the host's %.9g", k < n ? "top logprob " : "token logprob ",
+                             k < n ? k : e->id[r], gv, wv);
+                else if (isfinite(wv)) worst = fmax(worst, fabs((double)gv - (double)wv)), values++;
+            }
+        }
+        if (!why[0]) continue;
+        if (lp_bad++ < 8) verdict("FAIL", "sampler options %s %s row %d (%s) logprobs: %s", name, what, r, ROW_KIND_NAME[b->kind[r]], why);
+    }
+    verdict(lp_bad || untouched_bad ? "FAIL" : "PASS",
+            "sampler options %s %s: logprobs on %d rows (%d without a finite raw maximum: lse NaN): %d differ (top ids "
+            "exact; %d values, max |GPU - host| %.3g, tol %g + %g |x|); %d rows without logprobs written to",
+            name, what, rows, invalid, lp_bad, values, worst, LP_ABS_TOL, LP_REL_TOL, untouched_bad);
+}
+
+// The three launches captured in a CUDA graph (PDL on where the GPU has
+// it, as the engine's decode graphs) replayed twice: the same bits as the
+// eager run, and d_counts zero after each replay.
+static ogot_t ogot_alloc(const opts_batch_t *b) {
+    const size_t R = (size_t)b->R;
+    return (ogot_t){mv_xmalloc(R * (size_t)b->stride * sizeof(float)), mv_xmalloc(R * sizeof(int32_t)),
+                    mv_xmalloc(R * sizeof(sampling_logprobs_t)), 0};
+}
+static void ogot_free(ogot_t *got) { free(got->logits), free(got->out), free(got->lp); }
+
+static void opts_check_graph(const char *what, const obufs_t *d, const opts_batch_t *b) {
+    const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
+    ogot_t eager = ogot_alloc(b), got = ogot_alloc(b);
+    cudaStream_t st = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    const int pdl = mv_pdl_supported();
+    int rc = opts_upload(d, b) || opts_launch(SAMPLING_FAST, d, b, 0) || opts_download(d, b, &eager) ||
+             CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) || (pdl && mv_pdl_set(1)) ||
+             CUDA_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    if (!rc) {
+        const int launch = opts_launch(SAMPLING_FAST, d, b, st);
+        rc = CUDA_TRY(cudaStreamEndCapture(st, &graph)) || launch;
+    }
+    if (pdl) mv_pdl_set(0);
+    if (!rc) rc = CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    int differ = 0;
+    long long left = 0;
+    for (int rep = 0; rep < 2 && !rc; rep++) {
+        rc = opts_upload(d, b) || CUDA_TRY(cudaGraphLaunch(exec, st)) || CUDA_TRY(cudaStreamSynchronize(st)) ||
+             opts_download(d, b, &got);
+        if (rc) break;
+        left += got.counts_left;
+        differ += memcmp(got.logits, eager.logits, n * sizeof(float)) != 0 ||
+                  memcmp(got.out, eager.out, R * sizeof(int32_t)) != 0 ||
+                  memcmp(got.lp, eager.lp, R * sizeof(sampling_logprobs_t)) != 0;
+    }
+    if (rc) verdict("FAIL", "sampler options %s in a CUDA graph: %s", what, mv_last_error());
+    else
+        verdict(differ || left ? "FAIL" : "PASS",
+                "sampler options %s in a CUDA graph (PDL %s), replayed twice: %d replays differ from the eager run "
+                "(prepared logits, ids, logprobs, bit for bit); %lld d_counts words left nonzero",
+                what, pdl ? "on" : "off", differ, left);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (st) cudaStreamDestroy(st);
+    ogot_free(&eager), ogot_free(&got);
+}
+
+// One batch: R rows of V logits (rows of `stride` floats) with random
+// options; both sampler versions, each run twice (the second on the
+// d_counts the first left); then the graph replay for the engine's version.
+static void check_options_batch(int V, long long stride, int R, rng_t *g) {
+    opts_batch_t b;
+    opts_batch_alloc(&b, R, V, stride, OPTS_MAX_IDS);
+    for (int r = 0; r < R; r++) opts_make_row(g, &b, r);
+    char what[64];
+    snprintf(what, sizeof what, "vocab %d%s, %d rows", V, stride != V ? " (rows strided)" : "", R);
+    opts_expect_t e = {0};
+    obufs_t d = {0};
+    ogot_t got = ogot_alloc(&b);
+    if (opts_expect(&b, &e) || obufs_init(&d, &b)) {
+        verdict("FAIL", "sampler options %s: %s", what, mv_last_error());
+    } else {
+        int changed = 0, penalized = 0, stopped = 0, masked = 0, all_off = 0;
+        for (int r = 0; r < R; r++) {
+            const sampling_opts_row_t *o = &b.opts[r];
+            changed += memcmp(e.prepared + (size_t)r * stride, b.logits + (size_t)r * stride, stride * sizeof(float)) != 0;
+            penalized += o->presence != 0 || o->frequency != 0 || o->repetition != 1;
+            stopped += o->num_stop > 0;
+            masked += o->temperature > 0 && o->min_p > 0;
+            all_off += o->top_logprobs < 0 && o->num_stop == 0 && !(o->presence != 0 || o->frequency != 0 ||
+                       o->repetition != 1) && !(o->temperature > 0 && o->min_p > 0);
+        }
+        int bad_logits = 0, runs = 0;
+        long long left = 0;
+        for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) {
+            const char *name = sampling_version_name(v);
+            for (int rep = 0; rep < 2; rep++) {
+                if (opts_upload(&d, &b) || opts_launch(v, &d, &b, 0) || opts_download(&d, &b, &got)) {
+                    verdict("FAIL", "sampler options %s %s: GPU: %s", name, what, mv_last_error());
+                    break;
+                }
+                runs++;
+                bad_logits += opts_compare_logits(what, &b, &e, got.logits);
+                left += got.counts_left;
+                if (rep == 0) opts_compare_draws(what, name, &b, &e, &got);
+            }
+        }
+        verdict(bad_logits || left ? "FAIL" : "PASS",
+                "sampler options %s: prepared logits: %d row mismatches over %d runs against the host's row after "
+                "min_tokens, penalties and sampling_min_p_mask_cpu (%d rows changed: %d penalties, %d min_tokens, %d "
+                "min_p; %d all off); %lld d_counts words left nonzero",
+                what, bad_logits, runs, changed, penalized, stopped, masked, all_off, left);
+        if (runs == 2 * SAMPLING_NUM_VERSIONS) opts_check_graph(what, &d, &b);
+    }
+    obufs_free(&d);
+    opts_expect_free(&e);
+    opts_batch_free(&b);
+    ogot_free(&got);
+}
+
+// Timing (information, not a verdict): `rows` rows of V logits from
+// normal(0, 3), every option on in every row (Qwen3's default T 0.6, top_k
+// 20, top_p 0.95, with min_p 0.05, presence and frequency 0.5, repetition
+// 1.1 over 1000 prompt and 200 generated ids, two stop ids masked, 20 top
+// logprobs), against the sampler alone (SAMPLING_FAST) on the same rows,
+// and with every option off (what a decode graph pays for holding the two
+// launches). Before each run, outside the timed region: the logits restored
+// (prepare changes them) and a write of twice the L2. The median of `reps`.
+// Napkin math (kernels/sampling_opts.cu): about 5 reads and 2 writes of the
+// 608 KB row with everything on: 4.3 MB a row.
+static void time_sampler_options(int rows, int V, int reps, rng_t *g) {
+    const int per_row = 1202;  // 1000 prompt and 200 generated ids (300 distinct), 2 stop ids
+    opts_batch_t b;
+    opts_batch_alloc(&b, rows, V, V, per_row);
+    fill_normal_f32(g, b.logits, (size_t)rows * (size_t)V, 0.0f, 3.0f);
+    sampling_opts_row_t *off = mv_xmalloc((size_t)rows * sizeof *off);
+    for (int r = 0; r < rows; r++) {
+        for (int k = 0; k < per_row; k++) b.ids[(size_t)r * per_row + k] = k < 1200 ? rng_int(g, 0, 299) * 401 : rng_int(g, 0, V - 1);
+        b.temp[r] = 0.6f, b.top_k[r] = 20, b.top_p[r] = 0.95f, b.seed[r] = rng_u64(g), b.gen[r] = 200;
+        off[r] = (sampling_opts_row_t){.temperature = 0.6f, .repetition = 1.0f, .top_logprobs = -1};
+        b.opts[r] = (sampling_opts_row_t){.temperature = 0.6f, .min_p = 0.05f, .presence = 0.5f, .frequency = 0.5f,
+                                          .repetition = 1.1f, .ids_start = r * per_row, .num_prompt = 1000,
+                                          .num_output = 200, .stop_start = r * per_row + 1200, .num_stop = 2,
+                                          .top_logprobs = 20};
+    }
+    obufs_t d = {0};
+    float *pristine = NULL, *ms = mv_xmalloc((size_t)reps * sizeof *ms);
+    sampling_opts_row_t *d_off = NULL;
+    void *flush = NULL;
+    cudaEvent_t t0 = NULL, t1 = NULL;
+    int dev = 0, l2 = 0;
+    const size_t n = (size_t)rows * (size_t)V;
+    int rc = obufs_init(&d, &b) || CUDA_TRY(cudaGetDevice(&dev)) ||
+             CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) ||
+             CUDA_TRY(cudaMalloc(&flush, 2 * (size_t)l2 + 1)) ||
+             CUDA_TRY(cudaMalloc((void **)&pristine, n * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d_off, (size_t)rows * sizeof *d_off)) ||
+             CUDA_TRY(cudaMemcpy(pristine, b.logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaMemcpy(d_off, off, (size_t)rows * sizeof *d_off, cudaMemcpyHostToDevice)) ||
+             CUDA_TRY(cudaEventCreate(&t0)) || CUDA_TRY(cudaEventCreate(&t1));
+    static const char *what[3] = {"sample alone", "every option on", "every option off"};
+    double median[3] = {0};
+    for (int c = 0; c < 3 && !rc; c++) {
+        obufs_t dc = d;
+        if (c == 2) dc.opts = d_off;
+        for (int i = -1; i < reps && !rc; i++) {  // i = -1: the warm-up
+            rc = CUDA_TRY(cudaMemcpyAsync(dc.logits, pristine, n * sizeof(float), cudaMemcpyDeviceToDevice, 0)) ||
+                 CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
+                 CUDA_TRY(cudaEventRecord(t0, 0)) ||
+                 (c == 0 ? sample_tokens_cuda(SAMPLING_FAST, dc.out, dc.logits, V, rows, V, dc.temp, dc.top_k, dc.top_p,
+                                              dc.seed, dc.gen, 0)
+                         : opts_launch(SAMPLING_FAST, &dc, &b, 0)) ||
+                 CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1));
+            if (!rc && i >= 0) rc = CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));
+        }
+        if (rc) break;
+        qsort(ms, (size_t)reps, sizeof *ms, cmp_float);
+        median[c] = ms[reps / 2];
+    }
+    if (rc) verdict("FAIL", "sampler options timing: %s", mv_last_error());
+    else
+        printf("sampler options timing %d rows x %d (%s): %s %.3f ms; %s (prepare + sample + finish) %.3f ms, +%.3f "
+               "ms; %s %.3f ms; median of %d\n",
+               rows, V, sampling_version_name(SAMPLING_FAST), what[0], median[0], what[1], median[1],
+               median[1] - median[0], what[2], median[2], reps);
+    if (t0) cudaEventDestroy(t0);
+    if (t1) cudaEventDestroy(t1);
+    cudaFree(flush), cudaFree(pristine), cudaFree(d_off);
+    obufs_free(&d);
+    opts_batch_free(&b);
+    free(off), free(ms);
+}
+
+// The options against the host sampler: Qwen3's vocabulary (packed, and
+// strided rows not 16-byte aligned), one past a power of two, strided small
+// rows, a vocabulary of 7 (top_logprobs past the non-NaN ids) and of 1.
+static void check_sampler_options(rng_t *g) {
+    check_options_batch(151936, 151936, 64, g);
+    check_options_batch(151936, 151939, 16, g);
+    check_options_batch(4097, 4097, 64, g);
+    check_options_batch(1000, 1003, 64, g);
+    check_options_batch(7, 9, 64, g);
+    check_options_batch(1, 1, 8, g);
+    time_sampler_options(1, 151936, 21, g);
+    time_sampler_options(64, 151936, 11, g);
+}
+
+// ---- the options through the engine -----------------------------------------------------
+// Requests that use min_tokens, the penalties, min_p and logprobs, run by
+// the engine on this device (decode steps from CUDA graphs unless
+// --enforce-eager; batched, chunked, preempted): every token must be the
+// host sampler's (sampler_sample_seq) on the raw logits the on_logits hook
+// saw for that step, with the prompt and the tokens before it, and its
+// logprobs within LP_ABS_TOL / LP_REL_TOL of the host's (top ids equal).
+// This is the engine's wiring of kernels/sampling_opts.h: each row's
+// options and ids (sampler_opts_row), the raw rows the hook reads, the
+// logprobs copied back, and rows without options beside them.
+typedef struct {
+    const engine_request_t *reqs;
+    const engine_t *e;
+    sampler_scratch_t ss;
+    float *row;
+    int32_t seq[MAX_CASES][MAX_IDS + MAX_IDS];  // prompt, then the host's tokens
+    int32_t want[MAX_CASES][MAX_IDS];
+    engine_logprob_t want_lp[MAX_CASES][MAX_IDS];
+    int times[MAX_CASES][MAX_IDS];
+    int bad;
+} opt_capture_t;
+
+static void capture_opt_draw(void *ctx, int request, int gen_index, const float *logits, int vocab) {
+    opt_capture_t *c = ctx;
+    if (request < 0 || request >= MAX_CASES || gen_index < 0 || gen_index >= MAX_IDS || vocab != c->ss.ref.vocab ||
+        !logits) {
+        c->bad++;
+        return;
+    }
+    const engine_request_t *r = &c->reqs[request];
+    const sampling_params_t *p = &r->params;
+    int32_t stop[QWEN3_MAX_EOS];
+    int n_stop = 0;
+    for (int k = 0; gen_index < p->min_tokens && !p->ignore_eos && k < c->e->sched_cfg.num_eos; k++)
+        stop[n_stop++] = c->e->sched_cfg.eos_ids[k];
+    int32_t *seq = c->seq[request];
+    memcpy(seq, r->prompt, (size_t)r->num_prompt * sizeof *seq);
+    const sampler_seq_t sq = {seq, r->num_prompt, r->num_prompt + gen_index, stop, n_stop};
+    memcpy(c->row, logits, (size_t)vocab * sizeof *c->row);
+    engine_logprob_t *lp = &c->want_lp[request][gen_index];
+    if (sampler_sample_seq(&c->ss, c->row, p, r->seed, &sq, &c->want[request][gen_index], p->logprobs ? lp : NULL))
+        c->bad++;
+    seq[r->num_prompt + gen_index] = c->want[request][gen_index];
+    c->times[request][gen_index]++;
+}
+
+static void check_engine_options_run(const char *dir, runner_device_t dev, const golden_t *g, const run_cfg_t *rc) {
+    engine_t *e = make_engine(dir, dev, rc);
+    if (!e) {
+        verdict("FAIL", "%s options, %s: %s", dir, rc->what, mv_last_error());
+        return;
+    }
+    const sampling_params_t kinds[5] = {
+        {.temperature = 3.0f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .min_p = 0.02f,
+         .presence_penalty = 0.5f, .frequency_penalty = 0.3f, .repetition_penalty = 1.3f, .logprobs = 1,
+         .top_logprobs = 5},
+        {.temperature = 0.0f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .frequency_penalty = 2.0f,
+         .repetition_penalty = 1.8f, .logprobs = 1},
+        {.temperature = 2.0f, .top_k = 30, .top_p = 0.9f, .max_tokens = 12, .min_tokens = 8, .min_p = 0.1f},
+        {.temperature = 2.5f, .top_p = 1.0f, .max_tokens = 12, .ignore_eos = 1, .presence_penalty = -1.0f,
+         .logprobs = 1, .top_logprobs = 20},
+        {.temperature = 0.7f, .top_k = 20, .top_p = 0.95f, .max_tokens = 12, .ignore_eos = 1}};  // none: plain rows
+    const int n = g->n_cases;
+    engine_request_t reqs[MAX_CASES];
+    engine_output_t outs[MAX_CASES];
+    for (int i = 0; i < n; i++)
+        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, kinds[i % 5], 700u + (uint64_t)i};
+    opt_capture_t *c = calloc(1, sizeof *c);
+    if (!c || sampler_scratch_init(&c->ss, e->model.vocab_size) ||
+        !(c->row = malloc((size_t)e->model.vocab_size * sizeof *c->row))) {
+        verdict("FAIL", "%s options, %s: out of memory", dir, rc->what);
+        engine_free(e);
+        free(c);
+        return;
+    }
+    c->reqs = reqs, c->e = e;
+    if (engine_generate(e, reqs, n, outs, capture_opt_draw, c)) {
+        verdict("FAIL", "%s options, %s: %s", dir, rc->what, mv_last_error());
+    } else {
+        int tokens = 0, bad_ids = 0, bad_lp = 0, bad_len = 0, with_lp = 0;
+        char first[256] = "";
+        for (int i = 0; i < n; i++) {
+            const sampling_params_t *p = &reqs[i].params;
+            if ((p->ignore_eos && outs[i].num_tokens != 12) || outs[i].num_tokens < p->min_tokens ||
+                !!outs[i].logprobs != !!p->logprobs)
+                bad_len++;
+            for (int k = 0; k < outs[i].num_tokens && k < MAX_IDS; k++, tokens++) {
+                if (c->times[i][k] != 1 || outs[i].token_ids[k] != c->want[i][k]) {
+                    if (!bad_ids++)
+                        snprintf(first, sizeof first, "request %d token %d: the engine drew %d, the host %d (%d hook calls)",
+                                 i, k, outs[i].token_ids[k], c->want[i][k], c->times[i][k]);
+                    continue;
+                }
+                if (!p->logprobs || !outs[i].logprobs) continue;
+                with_lp++;
+                const engine_logprob_t *got = &outs[i].logprobs[k], *want = &c->want_lp[i][k];
+                int ok = lp_close(got->logprob, want->logprob) && got->num_top == p->top_logprobs;
+                for (int j = 0; ok && j < p->top_logprobs; j++)
+                    ok = got->top_ids[j] == want->top_ids[j] && lp_close(got->top_logprobs[j], want->top_logprobs[j]);
+                if (!ok && !bad_lp++ && !first[0])
+                    snprintf(first, sizeof first, "request %d token %d: logprob %.9g, host %.9g", i, k, got->logprob,
+                             want->logprob);
+            }
+        }
+        if (c->bad || bad_ids || bad_lp || bad_len)
+            verdict("FAIL", "%s options, %s: %d of %d tokens differ from the host sampler, %d logprobs off, %d "
+                    "lengths or logprob lists wrong, %d bad hook calls; first: %s", dir, rc->what, bad_ids, tokens,
+                    bad_lp, bad_len, c->bad, first);
+        else
+            verdict("PASS", "%s options, %s: %d tokens of %d requests the host sampler's, %d with logprobs within "
+                    "tolerance", dir, rc->what, tokens, n, with_lp);
+        engine_outputs_free(outs, n);
+    }
+    sampler_scratch_free(&c->ss);
+    free(c->row);
+    free(c);
+    engine_free(e);
+}
+
+static void check_engine_options(runner_device_t dev) {
+    const run_cfg_t runs[] = {
+        {"batched", 16, 512, 0, 0, 0, 0, 0},
+        {"chunked (16 tokens per step)", 4, 16, 0, 1, 0, 0, 0},
+        {"preempted", 8, 128, 10, 1, 0, 0, 0},
+    };
+    for (int m = 0; m < N_MODELS; m++) {
+        golden_t *g = malloc(sizeof *g);
+        if (!g || golden_load(MODELS[m], g)) {
+            verdict("FAIL", "%s: %s", MODELS[m], g ? mv_last_error() : "out of memory");
+            free(g);
+            continue;
+        }
+        for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) check_engine_options_run(MODELS[m], dev, g, &runs[r]);
+        golden_free(g);
+        free(g);
+    }
+}
+
 static void check_sampler(void) {
     rng_t g;
     rng_seed(&g, 1234);
@@ -890,6 +1602,7 @@ static void check_sampler(void) {
     check_sampler_paths(100, &g);
     check_sampler_paths(3, &g);
     check_sampler_frequencies();
+    check_sampler_options(&g);
     time_sampler(256, 151936, 11, &g);
 }
 #endif
@@ -922,6 +1635,7 @@ int main(int argc, char **argv) {
                                      : "");
     check_goldens(dev);
 #if MV_HAVE_CUDA
+    check_engine_options(dev);
     if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_sampler();  // the engine's mode does not change it
 #endif
     printf("engine_check: %d PASS, %d NEAR-TIE (bf16 took the other side of an HF top-2 margin < %g), %d SKIP, "

@@ -13,9 +13,10 @@
 #      per case: PASS, NEAR-TIE (a bf16 flip at an HF near tie, listed),
 #      FAIL. All three checkpoints run on cuda (head_dim 64 / 128 / 64).
 #   2. minivllm generate --device cuda and --device cpu on the demo prompts
-#      of tiny-qwen3-mha, the outputs side by side.
+#      of tiny-qwen3-mha and on tests/gpu/options.jsonl, the outputs side by side.
 #   3. compute-sanitizer over one generate run (every kernel of the step,
-#      prefill and decode, and the sampler): memcheck (out-of-bounds and
+#      prefill and decode, and the sampler; a second memcheck run on
+#      tests/gpu/options.jsonl for the sampling options' kernels): memcheck (out-of-bounds and
 #      misaligned accesses, leaks of device memory), then racecheck (shared
 #      memory hazards: the attention tiles, the norms' and the sampler's
 #      block reductions).
@@ -57,6 +58,14 @@ for dev in cuda cpu; do
     --input chapters/09-engine/demo.jsonl --output "$OUT/generate.$dev.jsonl" --ordered --max-num-seqs 8 || status=1
 done
 paste -d'\n' "$OUT/generate.cuda.jsonl" "$OUT/generate.cpu.jsonl" | sed 's/^/  /'
+# vLLM's other options (tests/gpu/options.jsonl: min_tokens, penalties, min_p, logprobs), sampled on the
+# GPU by kernels/sampling_opts.h: the same lines on both backends, side by side (the tokens agree
+# unless bf16 moves a draw; build/engine_check above holds the exact comparison).
+for dev in cuda cpu; do
+  CUDA_VISIBLE_DEVICES=0 ./build/minivllm generate --model $model --device $dev \
+    --input tests/gpu/options.jsonl --output "$OUT/options.$dev.jsonl" --ordered --max-num-seqs 8 || status=1
+done
+paste -d'\n' "$OUT/options.cuda.jsonl" "$OUT/options.cpu.jsonl" | cut -c1-160 | sed 's/^/  /'
 
 echo "=================== compute-sanitizer memcheck: generate --device cuda (decode steps replayed from CUDA graphs)"
 CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 99 ./build/minivllm generate \
@@ -65,6 +74,14 @@ CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 99 ./b
 rc=$?
 echo "generate memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)" | tee "$OUT/sanitizer.txt"
 [ $rc -ne 0 ] && { grep -E "Invalid|Error|error" "$OUT/sanitizer.log" | sort | uniq -c | sort -rn | head -12; status=1; }
+# The options' kernels (sampling_prepare_cuda, sampling_logprobs_finish_cuda) in prefill and graph decode steps.
+CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool memcheck --error-exitcode 99 ./build/minivllm generate \
+  --model $model --device cuda --input tests/gpu/options.jsonl --output /dev/null \
+  --max-num-seqs 8 --gpu-memory-utilization 0.05 > "$OUT/sanitizer.options.log" 2>&1
+rc=$?
+echo "generate (options) memcheck rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.options.log" | tail -1)" \
+  | tee -a "$OUT/sanitizer.txt"
+[ $rc -ne 0 ] && { grep -E "Invalid|Error|error" "$OUT/sanitizer.options.log" | sort | uniq -c | sort -rn | head -12; status=1; }
 
 echo "=================== tests/data/make_tiny_qwen3.py --check --no-retrain (this machine's transformers)"
 # The committed checkpoints' goldens, recomputed by this machine's transformers/torch (seconds);
@@ -75,12 +92,14 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout 120 python3 tests/data/make_tiny
 
 echo "=================== compute-sanitizer racecheck: generate --device cuda"
 # Racecheck serialises every block's shared-memory accesses, so it gets a
-# short input: a 9-token greedy prefill and its decodes, and one top-k/top-p
-# sampled request (prefill, decode and both sampler paths).
+# short input: a 9-token greedy prefill and its decodes, one top-k/top-p
+# sampled request (prefill, decode and both sampler paths), and one that uses
+# every sampling option (the options' kernels' block reductions).
 race_in=$(mktemp)
 cat > "$race_in" <<'EOF2'
 {"prompt_token_ids": [431, 173, 170, 322, 319, 246, 264, 420, 7], "max_tokens": 4, "temperature": 0, "ignore_eos": true}
 {"prompt_token_ids": [40, 60], "max_tokens": 4, "temperature": 0.8, "top_k": 50, "top_p": 0.9, "seed": 7, "ignore_eos": true}
+{"prompt_token_ids": [431, 173, 170, 322], "max_tokens": 4, "temperature": 0.9, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.4, "repetition_penalty": 1.2, "logprobs": 5, "seed": 3, "min_tokens": 3}
 EOF2
 CUDA_VISIBLE_DEVICES=0 compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
   ./build/minivllm generate --model $model --device cuda --input "$race_in" --output /dev/null \

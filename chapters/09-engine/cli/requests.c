@@ -122,6 +122,8 @@ static int line_stop(const cli_requests_t *c, const cJSON *req, cli_request_t *r
     if (ids && !cJSON_IsNull(ids)) {
         if (!cJSON_IsArray(ids)) return mv_error("\"stop_token_ids\" must be a list of token ids");
         const int m = cJSON_GetArraySize(ids);
+        if (m > SAMPLER_MAX_STOP_IDS)
+            return mv_error("\"stop_token_ids\" has %d ids, at most %d", m, SAMPLER_MAX_STOP_IDS);
         int32_t *out = malloc((size_t)(m ? m : 1) * sizeof *out);
         if (!out) return mv_error("out of memory");
         r->stop.ids = out;

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -289,14 +290,18 @@ struct engine_core {
     sampler_scratch_t sampler;   // the host's sampling scratch: when the host samples, or a row needs it
     int32_t *stop_ids;           // [num_eos + the longest stop_token_ids] a row's ids masked by min_tokens
     int stop_ids_cap;
-    float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or reads a row
-                       // (on_logits, or a row that needs the host sampler: sampler_needs_host)
+    float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or reads a row (on_logits)
     int32_t *sampled;  // [max_num_seqs]
     // the sampled rows' parameters, for a runner that samples on its device
     float *temperature, *top_p;  // [max_num_seqs]
     int32_t *top_k;              // [max_num_seqs]
     uint64_t *seed;              // [max_num_seqs]
     int64_t *gen_index;          // [max_num_seqs]
+    // vLLM's other options of the sampled rows, for the device (sampler_opts_row)
+    sampling_opts_row_t *opts;   // [max_num_seqs]
+    sampling_logprobs_t *lp;     // [max_num_seqs] the device's logprobs
+    int32_t *opt_ids;            // [opt_ids_cap] the rows' penalty and min_tokens ids (grown as needed)
+    int opt_ids_cap;
     double t0;                   // engine_core_create: every time in the outputs counts from here
     engine_core_stats_t st;      // the counters (engine_core_stats adds the scheduler's gauges)
 };
@@ -339,8 +344,10 @@ int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_cor
     c->top_k = malloc(Sm * sizeof(int32_t));
     c->seed = malloc(Sm * sizeof(uint64_t));
     c->gen_index = malloc(Sm * sizeof(int64_t));
+    c->opts = malloc(Sm * sizeof *c->opts);
+    c->lp = malloc(Sm * sizeof *c->lp);
     if (!rc && ((host_logits && !c->logits) || !c->sampled || !c->temperature || !c->top_p || !c->top_k ||
-                !c->seed || !c->gen_index))
+                !c->seed || !c->gen_index || !c->opts || !c->lp))
         rc = mv_error("engine: out of memory");
     if (rc) {
         engine_core_free(c);
@@ -369,6 +376,7 @@ void engine_core_free(engine_core_t *c) {
     free(c->logits);
     free(c->sampled);
     free(c->temperature), free(c->top_p), free(c->top_k), free(c->seed), free(c->gen_index);
+    free(c->opts), free(c->lp), free(c->opt_ids);
     free(c);
 }
 
@@ -380,6 +388,8 @@ int engine_core_add(engine_core_t *c, const engine_request_t *r, const engine_st
     if (r->num_prompt > 0 && embedding_validate_ids(r->prompt, r->num_prompt, V)) return -1;
     if (sampler_validate_params(&r->params)) return -1;
     if (stop->n < 0 || (stop->n > 0 && !stop->ids)) return mv_error("stop_token_ids: %d ids and no list", stop->n);
+    if (stop->n > SAMPLER_MAX_STOP_IDS)
+        return mv_error("stop_token_ids: %d ids, at most %d", stop->n, SAMPLER_MAX_STOP_IDS);
     for (int k = 0; k < stop->n; k++)
         if (stop->ids[k] < 0 || stop->ids[k] >= V)
             return mv_error("stop_token_ids[%d] = %d is outside the vocabulary [0, %d)", k, stop->ids[k], V);
@@ -525,63 +535,87 @@ static int fail_request(sequence_t *q, int32_t *sampled, const char *why) {
 
 static int is_eos(const engine_core_t *c, int32_t token);
 
-// The host sampler's buffers, made on first use on a runner that samples on
-// its device (most requests never need them there): the scratch and the
-// host logits [max_num_seqs, vocab].
-static int host_sampler_ready(engine_core_t *c) {
-    const int V = c->e->model.vocab_size;
-    if (!c->sampler.ref.order && sampler_scratch_init(&c->sampler, V)) return -1;
-    if (!c->logits && !(c->logits = malloc((size_t)c->e->cfg.max_num_seqs * (size_t)V * sizeof(float))))
-        return mv_error("engine: out of memory for the host logits");
+// The ids min_tokens masks for request r's next token (q has generated
+// gen_index): its eos ids (unless ignore_eos) and its stop_token_ids, in
+// c->stop_ids; none once it has min_tokens tokens.
+static int row_stop_ids(engine_core_t *c, const core_req_t *r, int64_t gen_index, int *n_stop) {
+    *n_stop = 0;
+    if (gen_index >= r->params.min_tokens) return 0;
+    const int need = c->e->sched_cfg.num_eos + r->num_stop_ids;
+    if (need > c->stop_ids_cap) {
+        int32_t *ids = realloc(c->stop_ids, (size_t)need * sizeof *ids);
+        if (!ids) return mv_error("engine: out of memory");
+        c->stop_ids = ids;
+        c->stop_ids_cap = need;
+    }
+    for (int i = 0; !r->params.ignore_eos && i < c->e->sched_cfg.num_eos; i++)
+        c->stop_ids[(*n_stop)++] = c->e->sched_cfg.eos_ids[i];
+    for (int i = 0; i < r->num_stop_ids; i++) c->stop_ids[(*n_stop)++] = r->stop_ids[i];
     return 0;
+}
+
+// Where the logprobs of request r's token gen_index go (r->lps grown to hold it).
+static engine_logprob_t *lp_slot(core_req_t *r, int64_t gen_index) {
+    if (gen_index >= r->lps_cap) {
+        const int cap = r->lps_cap ? 2 * r->lps_cap : 16;
+        const int want = cap > gen_index ? cap : (int)gen_index + 1;
+        engine_logprob_t *lps = realloc(r->lps, (size_t)want * sizeof *lps);
+        if (!lps) {
+            mv_error("engine: out of memory for logprobs");
+            return NULL;
+        }
+        r->lps = lps;
+        r->lps_cap = want;
+    }
+    return &r->lps[gen_index];
 }
 
 // Sample row k (sequence q) on the host from its logits: min_tokens, the
 // penalties, min_p and logprobs included (sampler_sample_seq). The draw is
-// keyed by (request seed, gen_index), as the device's: the same token it
-// would have drawn for a plain row. A failure ends this request only.
+// keyed by (request seed, gen_index), as the device's: the same token.
+// A failure ends this request only.
 static int sample_row_on_host(engine_core_t *c, sequence_t *q, float *row, int32_t *out) {
     core_req_t *r = q->user;
     const int64_t gen_index = sequence_num_generated(q);
-    // The ids min_tokens masks: the eos ids (unless ignore_eos) and the request's stop ids.
     int n_stop = 0;
-    if (gen_index < r->params.min_tokens) {
-        const int need = c->e->sched_cfg.num_eos + r->num_stop_ids;
-        if (need > c->stop_ids_cap) {
-            int32_t *ids = realloc(c->stop_ids, (size_t)need * sizeof *ids);
-            if (!ids) return mv_error("engine: out of memory");
-            c->stop_ids = ids;
-            c->stop_ids_cap = need;
-        }
-        for (int i = 0; !r->params.ignore_eos && i < c->e->sched_cfg.num_eos; i++)
-            c->stop_ids[n_stop++] = c->e->sched_cfg.eos_ids[i];
-        for (int i = 0; i < r->num_stop_ids; i++) c->stop_ids[n_stop++] = r->stop_ids[i];
-    }
+    if (row_stop_ids(c, r, gen_index, &n_stop)) return -1;
     engine_logprob_t *lp = NULL;
-    if (r->params.logprobs) {
-        if (gen_index >= r->lps_cap) {
-            const int cap = r->lps_cap ? 2 * r->lps_cap : 16;
-            engine_logprob_t *lps = realloc(r->lps, (size_t)(cap > gen_index ? cap : gen_index + 1) * sizeof *lps);
-            if (!lps) return mv_error("engine: out of memory for logprobs");
-            r->lps = lps;
-            r->lps_cap = cap > gen_index ? cap : (int)gen_index + 1;
-        }
-        lp = &r->lps[gen_index];
-    }
+    if (r->params.logprobs && !(lp = lp_slot(r, gen_index))) return -1;
     const sampler_seq_t seq = {q->tokens, q->num_prompt_tokens, q->num_tokens, c->stop_ids, n_stop};
     if (sampler_sample_seq(&c->sampler, row, &r->params, r->seed, &seq, out, lp))
         return fail_request(q, out, mv_last_error());
     return 0;
 }
 
+// Row k's options for the device (sampler_opts_row), its ids appended to c->opt_ids.
+static int device_opts_row(engine_core_t *c, const sequence_t *q, int k, int *num_ids) {
+    const core_req_t *r = q->user;
+    int n_stop = 0;
+    if (row_stop_ids(c, r, sequence_num_generated(q), &n_stop)) return -1;
+    const int need = *num_ids + q->num_tokens + n_stop;
+    if (need > c->opt_ids_cap) {
+        const int cap = need > 2 * c->opt_ids_cap ? need : 2 * c->opt_ids_cap;
+        int32_t *ids = realloc(c->opt_ids, (size_t)cap * sizeof *ids);
+        if (!ids) return mv_error("engine: out of memory for the sampling options' ids");
+        c->opt_ids = ids;
+        c->opt_ids_cap = cap;
+    }
+    const sampler_seq_t seq = {q->tokens, q->num_prompt_tokens, q->num_tokens, c->stop_ids, n_stop};
+    if (sampler_opts_row(&r->params, &seq, &c->opts[k], c->opt_ids, c->opt_ids_cap, num_ids)) return -1;
+    c->opts[k].keep_raw = c->hooks.on_logits != NULL;  // the hook sees the logits before the options change them
+    return 0;
+}
+
 // One step on a runner that samples on its device: the sampled rows'
 // parameters go with the step, ids come back (and the logits when on_logits
-// wants them, or a row needs the host sampler: sampler_needs_host). The key
-// of a row's draw is (request seed, gen_index = tokens the request had
-// generated), the same key the host path draws with.
+// wants them). The key of a row's draw is (request seed, gen_index = tokens
+// the request had generated), the same key the host path draws with. Rows
+// that use vLLM's other options (sampler_uses_options) are sampled on the
+// device too: their options and ids go with the step, their logprobs come
+// back with the ids (kernels/sampling_opts.h), and no logits are copied.
 static int step_on_device(engine_core_t *c, const sched_step_t *st) {
     const int V = c->e->model.vocab_size;
-    int any_host = 0;
+    int any_opts = 0;
     for (int k = 0; k < st->num_sample; k++) {
         const sequence_t *q = st->seqs[st->sample_rows[k]];
         const core_req_t *r = q->user;
@@ -590,26 +624,39 @@ static int step_on_device(engine_core_t *c, const sched_step_t *st) {
         c->top_p[k] = r->params.top_p;
         c->seed[k] = r->seed;
         c->gen_index[k] = sequence_num_generated(q);
-        any_host |= sampler_needs_host(&r->params, c->gen_index[k]);
+        any_opts |= sampler_uses_options(&r->params, c->gen_index[k]);
     }
-    if (any_host && host_sampler_ready(c)) return -1;
+    int num_ids = 0;
+    for (int k = 0; any_opts && k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        if (sampler_uses_options(&((const core_req_t *)q->user)->params, c->gen_index[k])) {
+            if (device_opts_row(c, q, k, &num_ids)) return -1;
+        } else {
+            c->opts[k] = sampler_opts_off();
+        }
+    }
     runner_step_t in = runner_step_from(st);
-    runner_sampling_t sp = {c->temperature, c->top_k, c->top_p, c->seed, c->gen_index};
-    if (model_runner_step_sample(c->e->runner, &in, &sp, c->sampled,
-                                 c->hooks.on_logits || any_host ? c->logits : NULL))
+    runner_sampling_t sp = {.temperature = c->temperature, .top_k = c->top_k, .top_p = c->top_p, .seed = c->seed,
+                            .gen_index = c->gen_index};
+    if (any_opts) sp.opts = c->opts, sp.opt_ids = c->opt_ids, sp.num_opt_ids = num_ids, sp.logprobs = c->lp;
+    if (model_runner_step_sample(c->e->runner, &in, &sp, c->sampled, c->hooks.on_logits ? c->logits : NULL))
         return mv_error_prefix("step %lld", c->st.num_steps);
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
-        const core_req_t *r = q->user;
+        core_req_t *r = q->user;
         float *row = c->logits ? c->logits + (size_t)k * V : NULL;
         if (c->hooks.on_logits) c->hooks.on_logits(c->hooks.ctx, r->user, sequence_num_generated(q), row, V);
         if (c->sampled[k] == RUNNER_ROW_FAILED) {
             if (fail_request(q, &c->sampled[k],
                              "the logits have no finite value (all NaN or -inf, or a +inf): the request cannot go on"))
                 return -1;
-        } else if (sampler_needs_host(&r->params, sequence_num_generated(q)) &&
-                   sample_row_on_host(c, q, row, &c->sampled[k])) {
-            return -1;
+        } else if (any_opts && r->params.logprobs && isnan(c->lp[k].lse)) {
+            if (fail_request(q, &c->sampled[k], "logprobs: the logits have no finite largest value"))
+                return -1;
+        } else if (any_opts && r->params.logprobs) {
+            engine_logprob_t *lp = lp_slot(r, c->gen_index[k]);
+            if (!lp) return -1;
+            sampler_logprob_from_gpu(&c->lp[k], lp);
         }
     }
     return 0;

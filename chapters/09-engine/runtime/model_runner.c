@@ -401,6 +401,29 @@ int model_runner_follow(model_runner_t *r) {
 
 int model_runner_samples_on_device(const model_runner_t *r) { return r->backend->step_sample != NULL; }
 
+// One row's options as the device reads them (kernels/sampling_opts.h):
+// values in range, and every id it points at inside opt_ids and the vocabulary.
+static int validate_opts_row(const sampling_opts_row_t *o, const int32_t *ids, int num_ids, int vocab) {
+    if (!(o->min_p >= 0 && o->min_p <= 1) || !isfinite(o->presence) || !isfinite(o->frequency) ||
+        !(o->repetition > 0) || !isfinite(o->repetition) || o->top_logprobs < -1 ||
+        o->top_logprobs > SAMPLING_MAX_TOP_LOGPROBS)
+        return mv_error("options out of range: min_p %g, presence %g, frequency %g, repetition %g, top_logprobs %d",
+                        o->min_p, o->presence, o->frequency, o->repetition, o->top_logprobs);
+    const int pen = o->presence != 0 || o->frequency != 0 || o->repetition != 1.0f;
+    const long long n_pen = pen ? (long long)o->num_prompt + o->num_output : 0;
+    const struct { long long start, n; } spans[] = {{o->ids_start, n_pen}, {o->stop_start, o->num_stop}};
+    for (int j = 0; j < 2; j++) {
+        if (spans[j].n == 0) continue;
+        if (o->num_prompt < 0 || o->num_output < 0 || spans[j].n < 0 || spans[j].start < 0 ||
+            spans[j].start + spans[j].n > num_ids || !ids)
+            return mv_error("option ids [%lld, %lld) outside the step's %d", spans[j].start,
+                            spans[j].start + spans[j].n, num_ids);
+        for (long long i = spans[j].start; i < spans[j].start + spans[j].n; i++)
+            if (ids[i] < 0 || ids[i] >= vocab) return mv_error("option id %d is outside [0, %d)", ids[i], vocab);
+    }
+    return 0;
+}
+
 int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                              int32_t *sampled, float *logits) {
     if (!r->backend->step_sample)
@@ -412,7 +435,13 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
         if (sampler_validate_params(&p)) return mv_error_prefix("model runner: sampled row %d", k);
         if (sp->gen_index[k] < 0) return mv_error("model runner: sampled row %d: gen_index %lld < 0", k,
                                                   (long long)sp->gen_index[k]);
+        if (sp->opts && validate_opts_row(&sp->opts[k], sp->opt_ids, sp->num_opt_ids, r->cfg.vocab_size))
+            return mv_error_prefix("model runner: sampled row %d", k);
     }
+    if (sp->opts && !sp->logprobs)
+        for (int k = 0; k < in->num_sample; k++)
+            if (sp->opts[k].top_logprobs >= 0)
+                return mv_error("model runner: sampled row %d wants logprobs and the step has no room for them", k);
     if (in->num_tokens == 0) return 0;
     if (r->tp.size == 1) {
         if (r->backend->step_sample(r, in, sp, sampled, logits)) return -1;

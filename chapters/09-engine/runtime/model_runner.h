@@ -55,6 +55,7 @@
 #include "chapters/09-engine/model/safetensors.h"
 #include "chapters/09-engine/parallel/tp_comm.h"
 #include "reference/rope.h"
+#include "reference/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,6 +109,13 @@ typedef struct {
     const float *top_p;          // [num_sample] (0, 1], 1 = off
     const uint64_t *seed;        // [num_sample] the request's seed
     const int64_t *gen_index;    // [num_sample] tokens the request had generated before this one
+    // vLLM's other options (penalties, min_tokens, min_p, logprobs), or NULL
+    // when no row of the step uses one. The device applies them itself
+    // (kernels/sampling_opts.h); sampler_opts_row fills a row.
+    const sampling_opts_row_t *opts;  // [num_sample]
+    const int32_t *opt_ids;           // [num_opt_ids] the ids opts[k] point into
+    int num_opt_ids;
+    sampling_logprobs_t *logprobs;    // [num_sample] out: the rows with opts[k].top_logprobs >= 0
 } runner_sampling_t;
 
 typedef struct model_runner model_runner_t;

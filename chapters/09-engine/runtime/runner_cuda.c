@@ -42,8 +42,11 @@
  *   gather_last_tokens_cuda                     the N sampled rows' hidden states
  *   linear_cuda                                 logits [N, V] bf16 (LM head)
  *   bf16_to_f32_cuda                            logits fp32
+ *   sampling_prepare_cuda                       vLLM's other options on the rows that use
+ *                                               them (penalties, min_tokens, min_p, logprobs)
  *   sample_tokens_cuda                          N ids (step_sample), or the
  *                                               fp32 logits to the host (step)
+ *   sampling_logprobs_finish_cuda               the sampled tokens' logprobs
  *
  * Decode steps (every row one new token) are CUDA graphs: captured at
  * creation for batch sizes 1, 2, 4, 8, 16, ... max_num_seqs, a step padded
@@ -89,6 +92,7 @@
 #include "chapters/09-engine/model/qwen3_layout.h"
 #include "chapters/09-engine/model/qwen3_weights.h"
 #include "chapters/09-engine/parallel/tp_comm.h"
+#include "chapters/09-engine/runtime/sampler.h"
 #include "common/check.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
@@ -98,6 +102,7 @@
 #include "kernels/pdl.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
+#include "kernels/sampling_opts.h"
 #include "kernels/sampling.h"
 
 // cuBLAS's recommended workspace on Hopper (32 MiB; 4 MiB is enough before
@@ -113,6 +118,11 @@
 // At tp N > 1 the weight and activation shapes are this rank's share:
 // nq/N query heads, its KV heads (nkv/N, or 1 copied), I/N, V' = V padded / N
 // vocabulary rows (qwen3_layout.h); H is whole.
+
+
+// Room for one row's min_tokens stop ids (its eos ids and stop_token_ids)
+// in the options' id buffer, beside its sequence.
+#define OPT_STOP_IDS (QWEN3_MAX_EOS + SAMPLER_MAX_STOP_IDS)
 
 typedef struct {
     bf16_t *d_input_norm;             // [H]
@@ -142,6 +152,8 @@ typedef struct {
     uint64_t *seed;         // [Sm]
     int64_t *gen_index;     // [Sm]
     int32_t *sampled;       // [Sm] output ids
+    sampling_opts_row_t *opts;  // [Sm] vLLM's other options, per row (all off: sampler_opts_off)
+    sampling_logprobs_t *lp;    // [Sm] output logprobs of the rows that ask for them
 } step_buffers_t;
 
 typedef struct {
@@ -174,6 +186,11 @@ typedef struct {
     void *h_stage;                    // pinned host copy of d_step_mem's layout
     step_buffers_t h;                 // host views into h_stage
     size_t step_bytes;
+    // vLLM's other sampling options (kernels/sampling_opts.h; rank 0 only):
+    int32_t *d_opt_ids, *h_opt_ids;   // [opt_ids_cap] the rows' penalty and min_tokens ids (h: pinned)
+    int opt_ids_cap;                  // Sm x (max_model_len + OPT_STOP_IDS)
+    uint32_t *d_counts;               // [Sm, V] the penalties' id counts: zero between steps
+    float *d_raw;                     // [Sm, V] the raw logits of the rows that use an option
     // Decode steps (every row one token, every row sampled) run padded to
     // one of these batch sizes, as a CUDA graph captured at creation (or,
     // with enforce_eager, the same kernels launched one by one).
@@ -360,9 +377,11 @@ static void cuda_destroy(model_runner_t *r) {
     rope_cache_gpu_free(&s->rope);
     void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
-                       s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered};
+                       s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
+                       s->d_raw};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     if (s->h_stage) cudaFreeHost(s->h_stage);
+    if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
@@ -392,6 +411,8 @@ static size_t layout_step(step_buffers_t *b, char *base, int Tm, int Sm, int W) 
     TAKE(seed, uint64_t, Sm);
     TAKE(gen_index, int64_t, Sm);
     TAKE(sampled, int32_t, Sm);
+    TAKE(opts, sampling_opts_row_t, Sm);
+    TAKE(lp, sampling_logprobs_t, Sm);
 #undef TAKE
     return off;
 }
@@ -544,6 +565,18 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
         dev_alloc((void **)&s->d_logits, Sm * V * sizeof(float), sb, "the fp32 logits") ||
         dev_alloc(&s->d_attn_ws, s->attn_ws_bytes, sb, "the split-decode workspace"))
         return -1;
+    // The options' buffers (V is 0 off rank 0). A row's ids: its whole
+    // sequence (at most max_model_len) and its min_tokens stop ids.
+    s->opt_ids_cap = V ? (int)(Sm * (size_t)(rc->max_model_len + OPT_STOP_IDS)) : 0;
+    if (dev_alloc((void **)&s->d_opt_ids, (size_t)s->opt_ids_cap * sizeof(int32_t), sb, "the sampling options' ids") ||
+        dev_alloc((void **)&s->d_counts, Sm * V * sizeof(uint32_t), sb, "the penalties' counts") ||
+        dev_alloc((void **)&s->d_raw, Sm * V * sizeof(float), sb, "the raw logits of option rows") ||
+        (s->d_counts && CUDA_TRY(cudaMemsetAsync(s->d_counts, 0, Sm * V * sizeof(uint32_t), s->stream))))
+        return -1;
+    if (s->opt_ids_cap && CUDA_TRY(cudaMallocHost((void **)&s->h_opt_ids, (size_t)s->opt_ids_cap * sizeof(int32_t)))) {
+        s->h_opt_ids = NULL;
+        return -1;
+    }
     if (s->layout.tp_size > 1) {
         const size_t Vl = (size_t)s->layout.vocab.local_rows, N = (size_t)s->layout.tp_size;
         if (dev_alloc((void **)&s->d_logits_local, Sm * Vl * e, sb, "this rank's logits") ||
@@ -643,8 +676,22 @@ static int upload_step(const model_runner_t *r, cuda_state_t *s, const runner_st
     return 0;
 }
 
+// The options' rows [0, n) (sp's, or all off) and their ids into the device buffers.
+static int upload_opts(cuda_state_t *s, const runner_sampling_t *sp, int n_real, int n) {
+    const int with = sp && sp->opts;
+    for (int k = 0; k < n; k++) s->h.opts[k] = with && k < n_real ? sp->opts[k] : sampler_opts_off();
+    if (with && sp->num_opt_ids > s->opt_ids_cap)
+        return mv_error("the step's %d sampling-option ids pass the device's %d", sp->num_opt_ids, s->opt_ids_cap);
+    const cudaError_t err =
+        cudaMemcpyAsync(s->d.opts, s->h.opts, (size_t)n * sizeof(sampling_opts_row_t), cudaMemcpyHostToDevice, s->stream);
+    if (err != cudaSuccess) return mv_error("cudaMemcpyAsync of the step's sampling options: %s", cudaGetErrorName(err));
+    return (with && stage(s, s->d_opt_ids, s->h_opt_ids, sp->opt_ids, (size_t)sp->num_opt_ids * sizeof(int32_t),
+                          "sampling options' ids"));
+}
+
 static int upload_sampling(cuda_state_t *s, const runner_sampling_t *sp, int N) {
-    return stage(s, s->d.temperature, s->h.temperature, sp->temperature, (size_t)N * sizeof(float), "temperature") ||
+    return (sp->opts && upload_opts(s, sp, N, N)) ||
+           stage(s, s->d.temperature, s->h.temperature, sp->temperature, (size_t)N * sizeof(float), "temperature") ||
            stage(s, s->d.top_k, s->h.top_k, sp->top_k, (size_t)N * sizeof(int32_t), "top_k") ||
            stage(s, s->d.top_p, s->h.top_p, sp->top_p, (size_t)N * sizeof(float), "top_p") ||
            stage(s, s->d.seed, s->h.seed, sp->seed, (size_t)N * sizeof(uint64_t), "seed") ||
@@ -810,11 +857,17 @@ static int cuda_forward(model_runner_t *r, const runner_step_t *in) {
     return enqueue_forward(r, in->num_tokens, S, in->num_sample, max_seqlen_q, max_context_len);
 }
 
-static int enqueue_sample(model_runner_t *r, int N) {
+// The sampler, with vLLM's other options around it when `opts` (a decode
+// graph always has them: its rows' options are uploaded every step, all off
+// for a row without any, and such a row leaves the two kernels at once).
+static int enqueue_sample(model_runner_t *r, int N, int opts) {
     cuda_state_t *s = r->state;
     const int V = r->cfg.vocab_size;
-    return sample_tokens_cuda(SAMPLING_FAST, s->d.sampled, s->d_logits, V, N, V, s->d.temperature, s->d.top_k,
-                              s->d.top_p, s->d.seed, s->d.gen_index, s->stream);
+    return (opts && sampling_prepare_cuda(s->d_logits, V, N, V, s->d.opts, s->d_opt_ids, s->d_counts, s->d_raw,
+                                          s->d.lp, s->stream)) ||
+           sample_tokens_cuda(SAMPLING_FAST, s->d.sampled, s->d_logits, V, N, V, s->d.temperature, s->d.top_k,
+                              s->d.top_p, s->d.seed, s->d.gen_index, s->stream) ||
+           (opts && sampling_logprobs_finish_cuda(s->d.sampled, s->d_raw, V, N, s->d.opts, s->d.lp, s->stream));
 }
 
 // ---- decode steps as CUDA graphs ---------------------------------------------------------
@@ -890,6 +943,7 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
     }
     h->cu_seqlens_q[Sg] = Sg;
     h->cu_last[Sg] = Sg;
+    if (s->layout.tp_rank == 0 && upload_opts(s, sp, S, Sg)) return -1;
     // One copy of each array's first Sg (+1) entries.
     const struct {
         void *d, *h;
@@ -920,7 +974,7 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
 // LM head's all-gather (the same collectives, in the same order, on every rank).
 static int enqueue_decode(model_runner_t *r, int Sg) {
     const cuda_state_t *s = r->state;
-    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg));
+    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg, 1));
 }
 
 // Run the decode step: inputs up, then the graph (or the same launches).
@@ -1008,6 +1062,20 @@ static int download_logits(const model_runner_t *r, cuda_state_t *s, int N, floa
     return 0;
 }
 
+// The logits a caller reads (on_logits) are the raw ones: the rows the
+// options changed in place come from their raw copy instead.
+static int download_raw_rows(const model_runner_t *r, cuda_state_t *s, const runner_sampling_t *sp, int N,
+                             float *logits) {
+    const size_t V = (size_t)r->cfg.vocab_size;
+    for (int k = 0; logits && sp->opts && k < N; k++) {
+        if (!sampling_opts_row_keeps_raw(&sp->opts[k])) continue;  // not changed, or the caller did not ask
+        if (CUDA_TRY(cudaMemcpyAsync(logits + k * V, s->d_raw + k * V, V * sizeof(float), cudaMemcpyDeviceToHost,
+                                     s->stream)))
+            return -1;
+    }
+    return 0;
+}
+
 static int cuda_step(model_runner_t *r, const runner_step_t *in, float *logits) {
     cuda_state_t *s = r->state;
     if ((is_decode_step(in) ? run_decode(r, in, NULL) : cuda_forward(r, in)) ||
@@ -1023,13 +1091,18 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
     const int decode = is_decode_step(in);
     if (decode ? run_decode(r, in, sp) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
     if (N > 0) {
-        if ((!decode && enqueue_sample(r, N)) ||
+        if ((!decode && enqueue_sample(r, N, sp->opts != NULL)) ||
             CUDA_TRY(cudaMemcpyAsync(s->h.sampled, s->d.sampled, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                      s->stream)) ||
-            download_logits(r, s, N, logits))
+            (sp->opts && sp->logprobs &&
+             CUDA_TRY(cudaMemcpyAsync(s->h.lp, s->d.lp, (size_t)N * sizeof(sampling_logprobs_t),
+                                      cudaMemcpyDeviceToHost, s->stream))) ||
+            download_logits(r, s, N, logits) || download_raw_rows(r, s, sp, N, logits))
             return -1;
     }
     if (finish_step(s)) return -1;
+    for (int k = 0; sp->opts && sp->logprobs && k < N; k++)
+        if (sp->opts[k].top_logprobs >= 0) sp->logprobs[k] = s->h.lp[k];
     // A row whose logits have no finite value comes back as -1,
     // RUNNER_ROW_FAILED: model_runner_step_sample ends that request alone
     // (and refuses any other id outside the vocabulary).

@@ -50,8 +50,51 @@ static int has_penalties(const sampling_params_t *p) {
     return p->presence_penalty != 0 || p->frequency_penalty != 0 || repetition_of(p) != 1.0f;
 }
 
-int sampler_needs_host(const sampling_params_t *p, int64_t gen_index) {
+int sampler_uses_options(const sampling_params_t *p, int64_t gen_index) {
     return has_penalties(p) || p->min_p > 0 || p->logprobs || gen_index < p->min_tokens;
+}
+
+sampling_opts_row_t sampler_opts_off(void) {
+    return (sampling_opts_row_t){.repetition = 1.0f, .top_logprobs = -1};
+}
+
+int sampler_opts_row(const sampling_params_t *p, const sampler_seq_t *seq, sampling_opts_row_t *row, int32_t *ids,
+                     int ids_cap, int *num_ids) {
+    const int64_t gen_index = seq->num_tokens - seq->num_prompt;
+    const int mask = gen_index < p->min_tokens ? seq->num_stop_ids : 0;
+    const int pen = has_penalties(p) ? seq->num_tokens : 0;
+    if (*num_ids + pen + mask > ids_cap)
+        return mv_error("sampling: a step's penalty and min_tokens ids pass the device's %d", ids_cap);
+    *row = sampler_opts_off();
+    row->temperature = p->temperature;
+    row->min_p = p->min_p;
+    if (pen) {
+        row->presence = p->presence_penalty;
+        row->frequency = p->frequency_penalty;
+        row->repetition = repetition_of(p);
+        row->ids_start = *num_ids;
+        row->num_prompt = seq->num_prompt;
+        row->num_output = seq->num_tokens - seq->num_prompt;
+        memcpy(ids + *num_ids, seq->tokens, (size_t)pen * sizeof *ids);
+        *num_ids += pen;
+    }
+    if (mask) {
+        row->stop_start = *num_ids;
+        row->num_stop = mask;
+        memcpy(ids + *num_ids, seq->stop_ids, (size_t)mask * sizeof *ids);
+        *num_ids += mask;
+    }
+    if (p->logprobs) row->top_logprobs = p->top_logprobs;
+    return 0;
+}
+
+void sampler_logprob_from_gpu(const sampling_logprobs_t *g, sampler_logprob_t *out) {
+    out->logprob = g->token_logprob;
+    out->num_top = g->num_top;
+    for (int k = 0; k < g->num_top && k < SAMPLING_MAX_TOP_LOGPROBS; k++) {
+        out->top_ids[k] = g->top_ids[k];
+        out->top_logprobs[k] = g->top_logprobs[k];
+    }
 }
 
 int sampler_sample_seq(sampler_scratch_t *s, float *logits, const sampling_params_t *p, uint64_t seed,

@@ -26,10 +26,10 @@
  * then the repetition, frequency and presence penalties (on the logits,
  * greedy rows too), then, for a draw, min_p beside top-k and top-p
  * (reference/sampling.h). logprobs are those of the raw logits, before
- * any of it (vLLM's default logprobs mode). The GPU sampler has the rule
- * but not these yet: a row that uses one is sampled here, from the logits
- * the CUDA backend copies back for it (sampler_needs_host), which gives the
- * same token the GPU would have drawn for a plain row.
+ * any of it (vLLM's default logprobs mode). The GPU does the same without
+ * copying the logits back (kernels/sampling_opts.h): sampler_opts_row
+ * describes a request's next token to it, and its kernels reproduce
+ * sampler_sample_seq's row and token exactly (build/engine_check).
  *
  * Library code: 0 / -1 with mv_error(). Tests: tests/test_engine_cpu.c
  * (the engine's draws), tests/test_sampling.c (the reference).
@@ -45,6 +45,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// A request's stop_token_ids, at most: while min_tokens masks them, the
+// GPU's options buffer holds them beside the request's sequence.
+#define SAMPLER_MAX_STOP_IDS 128
 
 // 0 when temperature >= 0 (and finite), top_k >= 0, top_p in (0, 1], min_p
 // in [0, 1], min_tokens in [0, max_tokens], penalties finite (repetition
@@ -78,9 +82,22 @@ typedef struct {
 int sampler_scratch_init(sampler_scratch_t *s, int vocab);
 void sampler_scratch_free(sampler_scratch_t *s);
 
-// 1 when the request's next token (it has generated gen_index) needs this
-// host sampler: penalties, min_p, logprobs, or min_tokens still masking.
-int sampler_needs_host(const sampling_params_t *p, int64_t gen_index);
+// 1 when the request's next token (it has generated gen_index) uses one of
+// the options above: penalties, min_p, logprobs, or min_tokens still masking.
+int sampler_uses_options(const sampling_params_t *p, int64_t gen_index);
+
+// The GPU's description of that token (kernels/sampling_opts.h): *row, and
+// the ids it reads appended to ids[*num_ids ..] (the sequence's ids when a
+// penalty is on, seq->stop_ids while min_tokens masks them). -1 with
+// mv_error() when they would pass ids_cap.
+int sampler_opts_row(const sampling_params_t *p, const sampler_seq_t *seq, sampling_opts_row_t *row, int32_t *ids,
+                     int ids_cap, int *num_ids);
+
+// A row whose options are all off: the GPU's kernels leave it at once.
+sampling_opts_row_t sampler_opts_off(void);
+
+// The GPU's logprobs of a row as the host sampler's.
+void sampler_logprob_from_gpu(const sampling_logprobs_t *g, sampler_logprob_t *out);
 
 // The reference's row for a request's next token.
 sampling_row_t sampler_row(const sampling_params_t *p, uint64_t seed, int64_t gen_index);

@@ -236,6 +236,9 @@ static int parse_sampling(const cJSON *body, api_kind_t kind, const api_context_
         if (!cJSON_IsArray(v))
             return api_fail(err, 400, "stop_token_ids", "invalid_type", "stop_token_ids must be a list of token ids");
         int n = cJSON_GetArraySize(v), k = 0;
+        if (n > SAMPLER_MAX_STOP_IDS)
+            return api_fail(err, 400, "stop_token_ids", "invalid_value", "stop_token_ids has %d ids, at most %d", n,
+                            SAMPLER_MAX_STOP_IDS);
         r->stop_token_ids = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
         if (!r->stop_token_ids) return api_fail(err, 500, NULL, NULL, "out of memory");
         for (const cJSON *e = v->child; e; e = e->next, k++) {
