@@ -11,7 +11,8 @@
 #   nanovllm nano-vllm's 256 requests (tests/bench/nanovllm_workload.py, ignore_eos)
 # each sampled with Qwen3's defaults (temperature 0.6, top_k 20, top_p 0.95) and then again with
 # those plus min_p 0.05, repetition_penalty 1.1, presence_penalty 0.5 and logprobs 5 on every
-# request. A dry run without a GPU, on a tiny checkpoint:
+# request. WORKLOAD_ARGS go to nanovllm_workload.py (e.g. "--num-seqs 32"); REPS_SINGLE and
+# REPS_WORK set the timed repetitions (5, 3), BENCH_S each run's time cap (150 s). A dry run without a GPU, on a tiny checkpoint:
 #   MV=./build/minivllm MV_DEVICE=cpu SHAPE=tests/data/tiny-qwen3-tied MAX_ID=400 PROMPT_LEN=100 OUTPUT_LEN=50 \
 #     WORKLOAD_ARGS="--num-seqs 8 --max-input-len 60 --max-output-len 20 --max-id 400" bash tests/gpu/options_bench.sh
 # Leaves under $OUT: options.$TAG.{single,nanovllm}.{plain,options}.json and
@@ -47,8 +48,8 @@ EOF
 status=0
 for w in single nanovllm; do
   for kind in plain options; do
-    reps=5; [ $w = nanovllm ] && reps=3
-    timeout 120 "$MV" bench --model "$SHAPE" --random-weights --device "$DEVICE" --input "$dir/$w.$kind.jsonl" \
+    reps=${REPS_SINGLE:-5}; [ $w = nanovllm ] && reps=${REPS_WORK:-3}
+    timeout ${BENCH_S:-150} "$MV" bench --model "$SHAPE" --random-weights --device "$DEVICE" --input "$dir/$w.$kind.jsonl" \
       --sampling file --repeat $reps --json "$OUT/options.$TAG.$w.$kind.json" > "$dir/$w.$kind.log" 2>&1
     rc=$?
     [ $rc -ne 0 ] && { echo "options_bench.sh: $w $kind exit $rc"; tail -5 "$dir/$w.$kind.log"; status=1; }
