@@ -515,6 +515,114 @@ def render_serving():
     return "\n".join(out) + "\n"
 
 
+def render_engine_options():
+    """What min_p, the penalties and logprobs cost (tests/gpu/options_bench.sh), on the host sampler of
+    the commit before kernels/sampling_opts.cu and on those kernels; and what the kernels cost the rows
+    that use no option (09-engine.ab-*.json). None until the JSON is there."""
+    runs = {}
+    for tag in ("gpu", "gpu32", "host32"):
+        for w in ("single", "nanovllm"):
+            for k in ("plain", "options"):
+                d = load(f"09-engine.options-{tag}.{w}.{k}.json")
+                if not d:
+                    return None
+                runs[tag, w, k] = d
+    g, h = runs["gpu", "nanovllm", "options"], runs["host32", "nanovllm", "options"]
+    out = [f"From `tests/gpu/options_bench.sh` on **{g['gpu']}**, {g['date'][:10]}: `minivllm bench --input` on "
+           f"Qwen3-0.6B's shapes with random weights, each workload sampled with Qwen3's defaults (temperature 0.6, "
+           f"top_k 20, top_p 0.95: *plain*) and with those plus min_p 0.05, repetition_penalty 1.1, presence_penalty "
+           f"0.5 and logprobs 5 on every request (*options*). *host*: the commit before the options' kernels "
+           f"({h['commit']}), which copied a step's logits back and sampled such rows on the CPU; *GPU*: "
+           f"kernels/sampling_opts.cu ({g['commit']}). Median of the timed repetitions (the 32-request runs: one).",
+           "",
+           "| workload | sampler | plain tok/s | options tok/s | options / plain | ms per step, plain -> options |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    ms = lambda d: 1e3 * d["generate_s"] / d["steps"]
+    for w, tags, what in (("single", ("host32", "gpu32"), "one stream, 512 + 256"),
+                          ("nanovllm", ("host32", "gpu32"), "nano-vllm's workload drawn for 32 requests"),
+                          ("nanovllm", ("gpu",), "nano-vllm's workload, 256 requests")):
+        for tag in tags:
+            a, b = runs[tag, w, "plain"], runs[tag, w, "options"]
+            out.append(f"| {what} | {'host' if tag.startswith('host') else 'GPU'} | "
+                       f"{a['output_tok_s']:,.0f} | {b['output_tok_s']:,.0f} | "
+                       f"{100 * b['output_tok_s'] / a['output_tok_s']:.0f}% | {ms(a):.2f} -> {ms(b):.2f} |")
+    extra = lambda tag, w: ms(runs[tag, w, "options"]) - ms(runs[tag, w, "plain"])
+    hs, gs = runs["host32", "single", "options"], runs["gpu32", "single", "options"]
+    hn, gn = runs["host32", "nanovllm", "options"], runs["gpu32", "nanovllm", "options"]
+    out += ["", f"With every option on, the GPU path is **{gs['output_tok_s'] / hs['output_tok_s']:.1f}x** the host's "
+            f"for one stream and **{gn['output_tok_s'] / hn['output_tok_s']:.0f}x** for 32 requests. The host "
+            f"sampled such rows one after another: {extra('host32', 'single'):.1f} ms more a step for one row, "
+            f"{extra('host32', 'nanovllm') / 32:.1f} ms a row with 32. On the GPU the options add "
+            f"{extra('gpu32', 'single'):.2f} ms a step for one row and {extra('gpu32', 'nanovllm'):.2f} ms for 32 "
+            f"(one block a row, side by side)."]
+    ab = {k: load(f"09-engine.ab-{k}.json") for k in ("new.single.1", "new.single.2", "new.work", "old.single.1",
+                                                       "old.single.2", "old.work")}
+    if all(ab.values()):
+        n1, n2, o1, o2 = (ab[k]["output_tok_s"] for k in ("new.single.1", "new.single.2", "old.single.1",
+                                                         "old.single.2"))
+        nw, ow = ab["new.work"], ab["old.work"]
+        out += ["", f"Rows without options still pass through the two kernels in every decode graph (each such row "
+                f"leaves at once). Measured in one run on {nw['gpu']} ({nw['date'][:10]}), `minivllm bench` with "
+                f"greedy rows, commit {nw['commit']} against {ow['commit']}: one stream (512 + 256, two runs each) "
+                f"{n1:,.0f} and {n2:,.0f} against {o1:,.0f} and {o2:,.0f} output tok/s; the drawn 256-request "
+                f"workload {nw['output_tok_s']:,.0f} (min {nw['output_tok_s_min']:,.0f}, max "
+                f"{nw['output_tok_s_max']:,.0f}) against {ow['output_tok_s']:,.0f} (min {ow['output_tok_s_min']:,.0f}, "
+                f"max {ow['output_tok_s_max']:,.0f}), {100 * (1 - nw['output_tok_s'] / ow['output_tok_s']):.1f}% less."]
+    return "\n".join(out) + "\n"
+
+
+CHECK_TXT = os.path.join(HERE, "09-engine-check.txt")
+SAMPLER_LINE = re.compile(r"^sampler timing (\d+) rows x (\d+), (.+?): v1-bisect ([\d.]+) ms .*?v2-shortlist ([\d.]+) ms "
+                          r".*?median of (\d+); v1/v2 ([\d.]+)x")
+OPTIONS_LINE = re.compile(r"^sampler options timing (\d+) rows x (\d+) \(([\w-]+)\): sample alone ([\d.]+) ms; every "
+                          r"option on \(prepare \+ sample \+ finish\) ([\d.]+) ms, \+([\d.]+) ms; every option off "
+                          r"([\d.]+) ms; median of (\d+)")
+SAMPLER_LABELS = {"greedy": "greedy", "T 0.6": "temperature 0.6", "T 0.6, top_k 20": "temperature 0.6, top_k 20",
+                  "Qwen3 default (T 0.6, top_k 20, top_p 0.95)": "Qwen3's default (T 0.6, top_k 20, top_p 0.95)"}
+
+
+def check_lines():
+    """build/engine_check's output on the H200 (tests/gpu/engine_check.sh), kept in docs/results/."""
+    return open(CHECK_TXT).read().splitlines() if os.path.exists(CHECK_TXT) else []
+
+
+def render_sampler_timing():
+    rows = [m.groups() for m in map(SAMPLER_LINE.match, check_lines()) if m]
+    if not rows:
+        return None
+    R, V, reps = rows[0][0], int(rows[0][1]), rows[0][5]
+    out = [f"From the `sampler timing` lines of `build/engine_check` on the H200 ({R} rows of {V:,} logits, "
+           f"median of {reps}; the whole output is in `docs/results/09-engine-check.txt`):",
+           "", "| sampling | version 1 (bisection) ms | version 2 (shortlist) ms | v1 / v2 |",
+           "| --- | ---: | ---: | ---: |"]
+    v2 = {}
+    for _, _, label, a, b, _, x in rows:
+        v2[label] = float(b)
+        out.append(f"| {SAMPLER_LABELS.get(label, label)} | {float(a):.3f} | {float(b):.3f} | {float(x):.1f}x |")
+    q, g, t = (v2.get(k) for k in ("Qwen3 default (T 0.6, top_k 20, top_p 0.95)", "greedy", "T 0.6"))
+    if None not in (q, g, t):
+        out += ["", f"Version 2 with Qwen3's default costs {q - g:.3f} ms a step more than greedy for {R} rows; "
+                f"temperature alone is its slow case, {t:.3f} ms."]
+    return "\n".join(out) + "\n"
+
+
+def render_options_timing():
+    rows = [m.groups() for m in map(OPTIONS_LINE.match, check_lines()) if m]
+    if not rows:
+        return None
+    out = [f"From the `sampler options timing` lines of `build/engine_check` on the H200 "
+           f"(`docs/results/09-engine-check.txt`): rows of N(0, 3) logits sampled with Qwen3's default (T 0.6, "
+           f"top_k 20, top_p 0.95); *every option on*: min_p 0.05, presence and frequency 0.5, repetition 1.1 over "
+           f"1,000 prompt and 200 generated ids a row, min_tokens masking 2 ids, 20 logprobs; the L2 cache flushed "
+           f"before each timed launch:",
+           "", "| rows x vocabulary | sampler alone ms | every option off ms | every option on ms | the options add ms |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    for R, V, ver, alone, on, add, off, reps in rows:
+        out.append(f"| {R} x {int(V):,} ({ver}, median of {reps}) | {float(alone):.3f} | {float(off):.3f} | "
+                   f"{float(on):.3f} | {float(add):.3f} |")
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -574,6 +682,14 @@ def blocks():
     if bench:
         out["09-tokenizer:bench"] = ("09-tokenizer.bench.json", render_tokenizer_bench(bench))
     out.update(engine_blocks())
+    for key, render in (("09-engine:sampler-timing", render_sampler_timing),
+                        ("09-engine:options-timing", render_options_timing)):
+        text = render()
+        if text:
+            out[key] = ("../09-engine-check.txt", text)
+    options = render_engine_options()
+    if options:
+        out["09-engine:options"] = ("09-engine.options-gpu.nanovllm.options.json", options)
     serving = render_serving()
     if serving:
         out["09-engine:serving"] = ("09-serving.rate-inf.json", serving)
