@@ -1630,9 +1630,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "engine_check: --device %s: %s\n", model_runner_device_name(dev), why);
         return 1;
     }
-    printf("engine_check: device %s%s\n", model_runner_device_name(dev),
+    const char *one = getenv("MV_TP_COMM_OF_ONE");
+    printf("engine_check: device %s%s%s\n", model_runner_device_name(dev),
            dev == RUNNER_DEVICE_CUDA ? (g_enforce_eager ? ", --enforce-eager (no CUDA graphs)" : ", CUDA graphs on")
-                                     : "");
+                                     : "",
+           dev == RUNNER_DEVICE_CUDA && one && !strcmp(one, "1")
+               ? ", the tensor-parallel path with a communicator of one (MV_TP_COMM_OF_ONE=1)"
+               : "");
     check_goldens(dev);
 #if MV_HAVE_CUDA
     check_engine_options(dev);

@@ -12,6 +12,9 @@
 #      then the goldens again with --enforce-eager. One line
 #      per case: PASS, NEAR-TIE (a bf16 flip at an HF near tie, listed),
 #      FAIL. All three checkpoints run on cuda (head_dim 64 / 128 / 64).
+#   1b. build/engine_check again with MV_TP_COMM_OF_ONE=1: the runner's tensor-parallel path
+#      (NCCL, the collectives in the graphs, the vocab-parallel LM head) on one GPU with a
+#      communicator of one rank, which must give tp = 1's results.
 #   2. minivllm generate --device cuda and --device cpu on the demo prompts
 #      of tiny-qwen3-mha and on tests/gpu/options.jsonl, the outputs side by side.
 #   3. compute-sanitizer over one generate run (every kernel of the step,
@@ -26,7 +29,8 @@
 #      bf16 floor). A few seconds, offline.
 # Leaves under $OUT: engine_check.txt, generate.{cuda,cpu}.jsonl,
 # sanitizer.txt (memcheck and racecheck verdicts), sanitizer.log,
-# racecheck.log, tiny_check.txt, env.txt, run.log. Exit 1 if any part failed.
+# racecheck.log, tiny_check.txt, engine_check.comm1.log, options.{cuda,cpu}.jsonl, env.txt,
+# run.log. Exit 1 if any part failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/mv-out}
 mkdir -p "$OUT"
@@ -50,6 +54,16 @@ echo "=================== build/engine_check --device cuda --enforce-eager"
 CUDA_VISIBLE_DEVICES=0 ./build/engine_check --device cuda --enforce-eager | tee "$OUT/engine_check.eager.txt" \
   | grep -vE "^PASS"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+echo "=================== build/engine_check --device cuda, MV_TP_COMM_OF_ONE=1 (the tensor-parallel path at tp = 1)"
+# The runner's tensor-parallel path (its NCCL communicator, the collectives captured in the decode
+# graphs, the vocab-parallel embedding and LM head) on one GPU, with a communicator of one rank:
+# every case must give tp = 1's bits. NCCL_DEBUG=INFO shows that the communicators were made.
+MV_TP_COMM_OF_ONE=1 NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO CUDA_VISIBLE_DEVICES=0 ./build/engine_check --device cuda \
+  > "$OUT/engine_check.comm1.log" 2>&1
+[ $? -eq 0 ] || status=1
+grep -vE "^PASS|NCCL INFO" "$OUT/engine_check.comm1.log" | tail -8
+echo "NCCL communicators made: $(grep -c 'Init COMPLETE' "$OUT/engine_check.comm1.log")"
 
 echo "=================== minivllm generate, tiny-qwen3-mha, cuda vs cpu"
 model=tests/data/tiny-qwen3-mha

@@ -204,13 +204,24 @@ typedef struct {
     // steps and enforce_eager run the plain kernels, which compute the same
     // bits (build/engine_check compares graphs with eager).
     int fast_decode;
-    // tp > 1 only (NULL at tp 1):
+    // 1 when the step runs the tensor-parallel path: its NCCL communicator,
+    // the collectives and the vocab-parallel LM head. tp > 1, or tp = 1 with
+    // MV_TP_COMM_OF_ONE=1 (a communicator of one rank, whose collectives copy:
+    // the same bits as tp = 1, so one GPU checks that path; build/engine_check).
+    int collectives;
+    // The tensor-parallel path only (NULL otherwise):
 #if MV_HAVE_NCCL
     ncclComm_t nccl;                  // this rank's NCCL communicator
 #endif
     bf16_t *d_logits_local;           // [Sm, V'] the LM head's logits of this rank's vocabulary rows
     bf16_t *d_logits_gathered;        // [tp, Sm, V'] every rank's, rank-major (ncclAllGather)
 } cuda_state_t;
+
+// MV_TP_COMM_OF_ONE=1: the tensor-parallel path at tp = 1 (cuda_state_t.collectives).
+static int comm_of_one(void) {
+    const char *v = getenv("MV_TP_COMM_OF_ONE");
+    return v && !strcmp(v, "1");
+}
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -489,6 +500,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
+    s->collectives = s->layout.tp_size > 1 || comm_of_one();
     if (r->tp.size > 1 && tp_device(r, &s->device)) return -1;
     if (CUDA_TRY(cudaSetDevice(s->device)) || CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
         return -1;
@@ -577,7 +589,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
         s->h_opt_ids = NULL;
         return -1;
     }
-    if (s->layout.tp_size > 1) {
+    if (s->collectives) {
         const size_t Vl = (size_t)s->layout.vocab.local_rows, N = (size_t)s->layout.tp_size;
         if (dev_alloc((void **)&s->d_logits_local, Sm * Vl * e, sb, "this rank's logits") ||
             dev_alloc((void **)&s->d_logits_gathered, N * Sm * Vl * e, sb, "every rank's logits"))
@@ -620,7 +632,8 @@ static int cuda_create_tp(model_runner_t *r, int placed_rc);
 
 static int cuda_create(model_runner_t *r, const st_model_t *m) {
     const int placed = cuda_create_placed(r, m);
-    if (r->tp.size > 1) return cuda_create_tp(r, placed);
+    const cuda_state_t *sp = r->state;
+    if (r->tp.size > 1 || (sp && sp->collectives)) return cuda_create_tp(r, placed);
     if (placed) return -1;
     cuda_state_t *s = r->state;
     const runner_config_t *rc = &r->rc;
@@ -737,7 +750,7 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     const int T = in->num_tokens, S = in->num_seqs, H = c->hidden_size, I = s->layout.down.in_local, hd = c->head_dim;
     const int nq = c->num_attention_heads / s->layout.tp_size, nkv = qkv->tp.kv_heads_local;
     const int qn = nq * hd, qkv_n = qkv->rows, nb = rc->num_blocks, bs = rc->block_size;
-    const int tp = s->layout.tp_size > 1;
+    const int tp = s->collectives;
     // o_proj's bias is added once: by rank 0, into its partial sum.
     const bf16_t *o_bias = s->layout.tp_rank == 0 ? cl->d_o_bias : NULL;
     // A qkv output row's k and v columns are the merged weight's k and v rows.
@@ -811,7 +824,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     const float eps = (float)c->rms_norm_eps;
     const runner_step_t in_sizes = {.num_tokens = T, .num_seqs = S, .num_sample = N};
     const runner_step_t *in = &in_sizes;
-    if (s->layout.tp_size > 1) {
+    if (s->collectives) {
         // Each rank's rows of the ids it holds, zeros for the others'; the
         // all-reduce adds the one non-zero row of each token to every rank.
         const vocab_shard_t *vs = &s->layout.vocab;
@@ -835,7 +848,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
                                s->stream) ||
         gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream))
         return -1;
-    if (s->layout.tp_size > 1) return lm_head_tp(r, s, N);
+    if (s->collectives) return lm_head_tp(r, s, N);
     if (linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
         bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
         return -1;
@@ -998,7 +1011,7 @@ static int capture_decode_graphs(model_runner_t *r) {
     // it follows has finished, and after an NCCL kernel that is NCCL's
     // business (whether it signals early), not ours. So no kernel is
     // launched with PDL in graphs that hold collectives.
-    const int pdl = s->layout.tp_size == 1 && mv_pdl_supported();
+    const int pdl = !s->collectives && mv_pdl_supported();
     if (pdl && mv_pdl_set(1)) return -1;
     const int rc = capture_decode_graphs_fast(r);
     s->fast_decode = 0;
@@ -1045,7 +1058,7 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
 // up here (kernels run asynchronously), so say so.
 static int finish_step_tp(cuda_state_t *s);
 static int finish_step(cuda_state_t *s) {
-    if (s->layout.tp_size > 1) return finish_step_tp(s);
+    if (s->collectives) return finish_step_tp(s);
     cudaError_t err = cudaStreamSynchronize(s->stream);
     if (err != cudaSuccess)
         return mv_error("the step failed on the GPU: %s (%s); a kernel of this step faulted (rerun under "
