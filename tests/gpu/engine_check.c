@@ -1136,12 +1136,16 @@ static int obufs_init(obufs_t *d, const opts_batch_t *b) {
 
 // The raw logits up, the outputs poisoned (an unwritten id or logprob
 // shows; d_raw NaN), then the three launches on `stream`.
+// Ends with a device synchronize: the copies and memsets run on the legacy
+// stream, and the graph replays on a non-blocking stream, which does not wait
+// for it (a pageable cudaMemcpy may even return before its DMA is done).
 static int opts_upload(const obufs_t *d, const opts_batch_t *b) {
     const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
     return CUDA_TRY(cudaMemcpy(d->logits, b->logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
                    CUDA_TRY(cudaMemset(d->raw, 0xff, n * sizeof(float))) ||
                    CUDA_TRY(cudaMemset(d->out, 0x7f, R * sizeof(int32_t))) ||
-                   CUDA_TRY(cudaMemset(d->lp, 0x7f, R * sizeof(sampling_logprobs_t)))
+                   CUDA_TRY(cudaMemset(d->lp, 0x7f, R * sizeof(sampling_logprobs_t))) ||
+                   CUDA_TRY(cudaDeviceSynchronize())
                ? -1
                : 0;
 }
