@@ -623,6 +623,27 @@ def render_options_timing():
     return "\n".join(out) + "\n"
 
 
+def render_comm_of_one():
+    """The tensor-parallel path at tp = 1 with a communicator of one (MV_TP_COMM_OF_ONE=1) against the
+    plain tp = 1 path, `minivllm bench` in one run (09-parallel.comm{0,1}.*.json)."""
+    runs = {(m, k): load(f"09-parallel.comm{m}.{k}.json") for m in (0, 1) for k in ("single.1", "single.2", "work")}
+    if not all(runs.values()):
+        return None
+    d = runs[1, "work"]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{d['gpu']}**, "
+           f"{d['date'][:10]}, commit {d['commit']}, one run: the plain tp = 1 path against the tensor-parallel path "
+           f"with a communicator of one (`MV_TP_COMM_OF_ONE=1`: every collective an NCCL call of one rank, in the "
+           f"decode graphs, and no PDL there). Output tok/s, median of the repetitions (min - max).",
+           "", "| workload | tp = 1 path | tensor-parallel path, one rank | one rank / tp = 1 |",
+           "| --- | ---: | ---: | ---: |"]
+    f = lambda x: f"{x['output_tok_s']:,.0f} ({x['output_tok_s_min']:,.0f} - {x['output_tok_s_max']:,.0f})"
+    for what, k in (("one stream, 512 + 256, run 1", "single.1"), ("one stream, 512 + 256, run 2", "single.2"),
+                    ("256 drawn requests, greedy", "work")):
+        a, b = runs[0, k], runs[1, k]
+        out.append(f"| {what} | {f(a)} | {f(b)} | {100 * b['output_tok_s'] / a['output_tok_s']:.1f}% |")
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -663,7 +684,7 @@ def blocks():
     out = {}
     for path in sorted(glob.glob(os.path.join(JSON_DIR, "0*.json"))):
         name = os.path.basename(path)
-        if name.endswith(".bench.json") or name.startswith(("09-engine.", "09-serving.")):
+        if name.endswith(".bench.json") or name.startswith(("09-engine.", "09-serving.", "09-parallel.")):
             continue
         d = json.load(open(path))
         ch = name[:-len(".json")]  # "03-linear-tp" or "03-linear-tp.1gpu"
@@ -687,6 +708,9 @@ def blocks():
         text = render()
         if text:
             out[key] = ("../09-engine-check.txt", text)
+    comm = render_comm_of_one()
+    if comm:
+        out["09-parallel:comm-of-one"] = ("09-parallel.comm1.work.json", comm)
     options = render_engine_options()
     if options:
         out["09-engine:options"] = ("09-engine.options-gpu.nanovllm.options.json", options)
