@@ -2,7 +2,8 @@
  * kernels/attention_decode.cuh - version 2 of decode attention: one CTA per
  * (sequence, kv head, split), the whole GQA group of query heads at once,
  * 16-byte loads, split flash-decoding with a reduction kernel. Included by
- * attention.cu (which defines PagedKV).
+ * attention.cu and, for its device code alone (MV_DECODE_DEVICE_ONLY), by
+ * the decode megakernel; both include kernels/paged_kv.cuh first.
  *
  * Napkin math (Qwen3-0.6B: 16 q heads, 8 kv heads, D = 128). Decode reads
  * every key and value of the context once per kv head: per token 8 heads *
@@ -63,10 +64,6 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4 &v, float f[8]) {
     }
 }
 
-// Read-only 16-byte load through the non-coherent path; the cache is not
-// written while attention runs.
-__device__ __forceinline__ uint4 ldg16(const bf16 *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
-
 //   grid (Hkv * groups_per_kv, num_seqs, num_splits), DEC_THREADS threads.
 //   CTA: kv head kvh, query heads h0 .. h0 + G - 1 of its group.
 //   ws_o [S, H, num_splits, D], ws_ml [S, H, num_splits, 2] (num_splits > 1).
@@ -82,12 +79,36 @@ __device__ __forceinline__ int decode_piece_len(int split_len, int ctx, int num_
     return max(tile, (per + tile - 1) / tile * tile);
 }
 
+// Where a piece reads its activations from. dec_ld_nc: the read-only path
+// (the kernels below: nothing they read is written while they run).
+// dec_ld_cg: L2 only, for a persistent kernel (kernels/decode_megakernel.cu)
+// that wrote the queries and the new key and value itself, a grid barrier
+// earlier: the non-coherent path could still hold a stale line.
+struct dec_ld_nc {
+    static __device__ __forceinline__ uint4 v16(const bf16 *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+    static __device__ __forceinline__ float f32(const float *p) { return *p; }
+};
+struct dec_ld_cg {
+    static __device__ __forceinline__ uint4 v16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+    static __device__ __forceinline__ float f32(const float *p) { return __ldcg(p); }
+};
+
+// Shared memory of one piece's combine, in floats: the substreams'
+// accumulators [NSUB][G][D], then their m [NSUB][G] and l [NSUB][G].
 template <int D, int G>
-__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
-decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
-                 int num_splits, int split_len, float *ws_o, float *ws_ml) {
-    pdl_launch_dependents();
-    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
+__host__ __device__ constexpr int dec_piece_smem_floats() {
+    return DEC_WARPS * (32 / (D / 8)) * G * (D + 2);
+}
+
+// One piece: the G query heads from h0 of kv head kvh (bx: the CTA's x
+// index in a grid of Hkv * groups_per_kv), sequence s, piece `split`, by
+// DEC_THREADS threads (tid: this one); sm holds dec_piece_smem_floats<D, G>()
+// floats. Every thread of the block calls it (it holds one __syncthreads).
+template <int D, int G, class Ld>
+__device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
+                                                bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
+                                                int H, int Hkv, float scale_log2, int num_splits, int split_len,
+                                                float *ws_o, float *ws_ml) {
     constexpr int U = dec_unroll(G);
     constexpr int LPK = D / 8;             // lanes per key row
     constexpr int SUB = 32 / LPK;          // keys per warp load
@@ -95,11 +116,9 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
     constexpr int TILE = NSUB * U;
     static_assert(NSUB * G * D <= DEC_MAX_SMEM_FLOATS, "shared accumulators too large");
 
-    const int groups_per_kv = gridDim.x / Hkv;
-    const int kvh = blockIdx.x / groups_per_kv;
-    const int h0 = kvh * (H / Hkv) + (blockIdx.x % groups_per_kv) * G;  // first query head of this CTA
-    const int s = blockIdx.y, split = blockIdx.z;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int kvh = bx / groups_per_kv;
+    const int h0 = kvh * (H / Hkv) + (bx % groups_per_kv) * G;  // first query head of this CTA
+    const int lane = tid % 32, warp = tid / 32;
     const int sub = warp * SUB + lane / LPK;  // this lane's substream
     const int part = lane % LPK;              // its dims part*8 .. part*8+7
 
@@ -112,7 +131,7 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
         // ctx = 0: its output is 0 (as version 1). Split, the reduction
         // ignores the piece.
         if (num_splits == 1)
-            for (int e = threadIdx.x; e < G * D; e += DEC_THREADS)
+            for (int e = tid; e < G * D; e += DEC_THREADS)
                 out[((long long)s * H + h0 + e / D) * D + e % D] = __float2bfloat16(0.0f);
         return;
     }
@@ -120,7 +139,7 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
     float qf[G][8];  // this lane's 8 dims of the G queries, times scale*log2(e)
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        bf16x8_to_float(ldg16(q + (long long)s * q_stride + (long long)(h0 + g) * D + part * 8), qf[g]);
+        bf16x8_to_float(Ld::v16(q + (long long)s * q_stride + (long long)(h0 + g) * D + part * 8), qf[g]);
 #pragma unroll
         for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
     }
@@ -142,8 +161,8 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
             const int j = base + u * NSUB + sub;
             if (j < end) {
                 const long long row = kv.key_row(s, j);
-                kr[u] = ldg16(kv.k + row * kv.k_stride + head_off);
-                vr[u] = ldg16(kv.v + row * kv.v_stride + head_off);
+                kr[u] = Ld::v16(kv.k + row * kv.k_stride + head_off);
+                vr[u] = Ld::v16(kv.v + row * kv.v_stride + head_off);
             } else {
                 kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
             }
@@ -196,8 +215,9 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
     // Combine the CTA's NSUB substreams: each lane's 8 accumulators and its
     // substream's (m, l) to shared memory, then thread t sums element
     // (g, d) = t, t + 128, ... over the substreams, each weighted by 2^(m - M).
-    __shared__ float sm_acc[NSUB][G][D];
-    __shared__ float sm_m[NSUB][G], sm_l[NSUB][G];
+    float(*sm_acc)[G][D] = reinterpret_cast<float(*)[G][D]>(sm);
+    float(*sm_m)[G] = reinterpret_cast<float(*)[G]>(sm + NSUB * G * D);
+    float(*sm_l)[G] = reinterpret_cast<float(*)[G]>(sm + NSUB * G * (D + 1));
 #pragma unroll
     for (int g = 0; g < G; g++) {
         float4 *dst = reinterpret_cast<float4 *>(&sm_acc[sub][g][part * 8]);
@@ -209,7 +229,7 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < G * D; e += DEC_THREADS) {
+    for (int e = tid; e < G * D; e += DEC_THREADS) {
         const int g = e / D, d = e % D;
         float M = -INFINITY;
 #pragma unroll
@@ -237,28 +257,50 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
     }
 }
 
-// The reduction of the split pieces: grid (H, num_seqs), D threads each
-// (thread d owns output dimension d). Only the ceil(ctx / split_len)
-// pieces that hold keys were written; the others are never read.
-__global__ void __launch_bounds__(128)
-decode_reduce_kernel(bf16 *out, const float *ws_o, const float *ws_ml, const int32_t *context_lens, int H, int D,
-                     int num_splits, int split_len) {
+#ifndef MV_DECODE_DEVICE_ONLY
+template <int D, int G>
+__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
+decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
+                 int num_splits, int split_len, float *ws_o, float *ws_ml) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
-    const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
+    __shared__ __align__(16) float sm[dec_piece_smem_floats<D, G>()];
+    decode_piece_v2<D, G, dec_ld_nc>(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x / Hkv, threadIdx.x, sm, out, q,
+                                     q_stride, kv, H, Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml);
+}
+#endif
+
+// The reduction of the split pieces of (sequence s, head h), output
+// dimension d (one thread each). Only the ceil(ctx / split_len) pieces
+// that hold keys were written; the others are never read.
+template <class Ld>
+__device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out, const float *ws_o,
+                                                  const float *ws_ml, const int32_t *context_lens, int H, int D,
+                                                  int num_splits, int split_len) {
     const int ctx = context_lens[s];
     split_len = decode_piece_len(split_len, ctx, num_splits);
     const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + split_len - 1) / split_len);
     const long long first = ((long long)s * H + h) * num_splits;  // piece 0 of this (sequence, head)
     float M = -INFINITY;
-    for (int k = 0; k < used; k++) M = fmaxf(M, ws_ml[(first + k) * 2]);
+    for (int k = 0; k < used; k++) M = fmaxf(M, Ld::f32(ws_ml + (first + k) * 2));
     float L = 0.0f, A = 0.0f;
     for (int k = 0; k < used; k++) {
-        const float w = exp2f(ws_ml[(first + k) * 2] - M);
-        L = fmaf(w, ws_ml[(first + k) * 2 + 1], L);
-        A = fmaf(w, ws_o[(first + k) * D + d], A);
+        const float w = exp2f(Ld::f32(ws_ml + (first + k) * 2) - M);
+        L = fmaf(w, Ld::f32(ws_ml + (first + k) * 2 + 1), L);
+        A = fmaf(w, Ld::f32(ws_o + (first + k) * D + d), A);
     }
     out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
+}
+
+#ifndef MV_DECODE_DEVICE_ONLY
+// The reduction kernel: grid (H, num_seqs), D threads each.
+__global__ void __launch_bounds__(128)
+decode_reduce_kernel(bf16 *out, const float *ws_o, const float *ws_ml, const int32_t *context_lens, int H, int D,
+                     int num_splits, int split_len) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
+    decode_reduce_one<dec_ld_nc>(blockIdx.x, blockIdx.y, threadIdx.x, out, ws_o, ws_ml, context_lens, H, D,
+                                 num_splits, split_len);
 }
 
 // How many pieces each sequence's context is cut into (see attention.h):
@@ -325,3 +367,4 @@ static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedK
         launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
     return 0;
 }
+#endif  // MV_DECODE_DEVICE_ONLY

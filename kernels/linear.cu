@@ -340,6 +340,8 @@ static int gemv_k_split(int K) {
     return ks;
 }
 
+extern "C" int linear_gemv_k_split(int K) { return gemv_k_split(K); }
+
 static long long gemv_blocks(int N, int groups) {
     const long long rows = (long long)groups * GEMV_ROWS;
     return (N + rows - 1) / rows;

@@ -88,6 +88,12 @@ int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int 
 int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                          cudaStream_t stream);
 
+// The GEMV's warps per row (version 2): the smallest power of two, at most
+// 8, with which one batch of 4 slabs of 32 16-byte chunks per warp covers
+// the row. It fixes the order a row's sum is taken in, so another kernel that
+// must give the GEMV's bits (kernels/decode_megakernel.cu) splits K the same way.
+int linear_gemv_k_split(int K);
+
 int add_bias_cuda(bf16_t *d_out, const bf16_t *d_bias, int M, int N, cudaStream_t stream);
 
 #ifdef __cplusplus

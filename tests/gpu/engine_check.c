@@ -364,6 +364,54 @@ static void hash_logits(void *ctx, int request, int gen_index, const float *logi
     lh->rows++;
 }
 
+// The engine of run_hashed: max_num_seqs rows; random_weights for a
+// directory with a config alone (Qwen3-0.6B's shapes: a 256 MiB cache).
+static engine_t *make_graph_engine(const char *dir, int eager, int max_num_seqs, int random_weights) {
+    const run_cfg_t rc = {"graphs", max_num_seqs, 512, 0, 1, 0, 0, 0};
+    const int saved = g_enforce_eager;
+    g_enforce_eager = eager;
+    engine_t *e = NULL;
+    if (!random_weights) {
+        e = make_engine(dir, RUNNER_DEVICE_CUDA, &rc);
+    } else {
+        engine_config_t c = engine_config_default(dir);
+        c.device = RUNNER_DEVICE_CUDA;
+        c.max_model_len = 128;
+        c.max_num_seqs = max_num_seqs;
+        c.max_num_batched_tokens = 512;
+        c.block_size = 16;
+        c.num_threads = 2;
+        c.enforce_eager = eager;
+        c.random_weights = 1;
+        c.kv_cache_bytes = 256LL << 20;
+        if (engine_create(&c, &e)) e = NULL;
+    }
+    g_enforce_eager = saved;
+    return e;
+}
+
+// Requests first .. first + n - 1 of g (greedy, or sampled and seeded),
+// max_num_seqs rows at a time; each sampled row's logits hashed.
+static int run_hashed_ex(const char *dir, int eager, int sampled, const golden_t *g, int first, int n,
+                         int max_num_seqs, int random_weights, engine_output_t *outs, logit_hashes_t *lh,
+                         int *num_graphs, int *megakernel_rows) {
+    engine_t *e = make_graph_engine(dir, eager, max_num_seqs, random_weights);
+    if (!e) return -1;
+    *num_graphs = e->runner->num_graphs;
+    if (megakernel_rows) *megakernel_rows = e->runner->megakernel_rows;
+    engine_request_t reqs[MAX_CASES];
+    for (int i = 0; i < n; i++) {
+        const int c = first + i;
+        sampling_params_t p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
+        if (sampled) p = (sampling_params_t){.temperature = 0.8f, .top_k = c % 3 ? 20 : 0, .top_p = c % 2 ? 0.9f : 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
+        reqs[i] = (engine_request_t){g->cases[c].prompt, g->cases[c].n_prompt, p, 1000u + (uint64_t)c};
+    }
+    memset(lh, 0, sizeof *lh);
+    int rc2 = engine_generate(e, reqs, n, outs, hash_logits, lh);
+    engine_free(e);
+    return rc2;
+}
+
 static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g, engine_output_t *outs,
                       logit_hashes_t *lh, int *num_graphs) {
     const run_cfg_t rc = {"graphs", 16, 512, 0, 1, 0, 0, 0};
@@ -383,6 +431,94 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
     int rc2 = engine_generate(e, reqs, g->n_cases, outs, hash_logits, lh);
     engine_free(e);
     return rc2;
+}
+
+// ---- the decode megakernel against the unfused kernels --------------------------------
+// The graphs above decode 11 rows at once (a graph of 16), past the
+// megakernel's sizes. Here B rows at a time (max_num_seqs B, B requests),
+// B = 1, 2, 4, 8: every decode step runs at exactly B rows, through the
+// megakernel wherever it takes B (kernels/decode_megakernel.h; the graph
+// engines here are made with MV_MEGAKERNEL=1), and must give the bits of
+// the same steps launched kernel by kernel. On a GPU of compute capability
+// 9.0 the tiny checkpoints and Qwen3-0.6B's shapes must take it: otherwise
+// the check would pass without running it.
+static int megakernel_expected(void) {
+#if MV_HAVE_CUDA
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev))
+        return 0;
+    return major >= 9;
+#else
+    return 0;
+#endif
+}
+
+static void check_megakernel(const char *dir, const golden_t *g, int random_weights) {
+    static const int batches[] = {1, 2, 4, 8};
+    for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+        const int B = batches[bi], n = B <= g->n_cases ? B : g->n_cases;
+        for (int sampled = 0; sampled < 2; sampled++) {
+            engine_output_t a[MAX_CASES], b[MAX_CASES];
+            logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
+            int graphs = 0, none = 0, mk = 0, dummy = 0;
+            const int first = (int)(bi % 3);  // different requests for different B
+            const int f = first + n <= g->n_cases ? first : 0;
+            const char *was = getenv("MV_MEGAKERNEL");
+            char saved[16];
+            snprintf(saved, sizeof saved, "%s", was ? was : "");
+            setenv("MV_MEGAKERNEL", "1", 1);
+            const int rc_a = !ha || !hb || run_hashed_ex(dir, 0, sampled, g, f, n, B, random_weights, a, ha, &graphs, &mk);
+            if (was) setenv("MV_MEGAKERNEL", saved, 1);
+            else unsetenv("MV_MEGAKERNEL");
+            if (rc_a || run_hashed_ex(dir, 1, sampled, g, f, n, B, random_weights, b, hb, &none, &dummy)) {
+                verdict("FAIL", "%s megakernel, %d rows, %s: %s", dir, B, sampled ? "sampled" : "greedy", mv_last_error());
+                free(ha), free(hb);
+                return;
+            }
+            int bad_ids = 0, bad_rows = 0;
+            for (int i = 0; i < n; i++) {
+                if (a[i].num_tokens != b[i].num_tokens ||
+                    memcmp(a[i].token_ids, b[i].token_ids, (size_t)a[i].num_tokens * sizeof(int32_t)))
+                    bad_ids++;
+                for (int k = 0; k < MAX_IDS; k++) bad_rows += ha->hash[i][k] != hb->hash[i][k];
+            }
+            const int ran = B <= mk;
+            char how[96];
+            snprintf(how, sizeof how, "%s (megakernel: steps of 1 to %d rows)",
+                     ran ? "the megakernel" : "the unfused graph", mk);
+            if (mk == 0 && megakernel_expected())
+                verdict("FAIL", "%s megakernel: the graphs did not take it (steps of 1 to %d rows)", dir, mk);
+            else if (graphs == 0 || none != 0 || bad_ids || bad_rows || ha->rows != hb->rows || ha->rows == 0)
+                verdict("FAIL", "%s megakernel, %d rows, %s: %s against eager: %d requests' tokens and %d logit rows "
+                        "differ (%d vs %d rows; %d graphs)", dir, B, sampled ? "sampled" : "greedy", how, bad_ids,
+                        bad_rows, ha->rows, hb->rows, graphs);
+            else
+                verdict("PASS", "%s megakernel, %d rows, %s: %s against eager: %d requests, %d logit rows bit-identical",
+                        dir, B, sampled ? "sampled" : "greedy", how, n, ha->rows);
+            engine_outputs_free(a, n);
+            engine_outputs_free(b, n);
+            free(ha), free(hb);
+        }
+    }
+}
+
+// Qwen3-0.6B's shapes with random weights: 8 prompts of 20 to 62 ids
+// (ids < 1000, a fixed LCG), 24 new tokens each.
+static void check_megakernel_06b(void) {
+    golden_t *g = calloc(1, sizeof *g);
+    if (!g) return;
+    uint32_t x = 12345u;
+    g->n_cases = 8;
+    g->max_new_tokens = 24;
+    for (int i = 0; i < g->n_cases; i++) {
+        g->cases[i].n_prompt = 20 + 6 * i;
+        for (int k = 0; k < g->cases[i].n_prompt; k++) {
+            x = x * 1664525u + 1013904223u;
+            g->cases[i].prompt[k] = (int32_t)((x >> 8) % 1000u);
+        }
+    }
+    check_megakernel("tests/data/qwen3-0.6b-shape", g, 1);
+    free(g);
 }
 
 static void check_graphs_vs_eager(const char *dir, const golden_t *g) {
@@ -457,9 +593,11 @@ static void check_goldens(runner_device_t dev) {
         }
         run_logits(MODELS[m], dev, g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g);
+        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel(MODELS[m], g, 0);
         golden_free(g);
         free(g);
     }
+    if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel_06b();
 }
 
 // ---- the GPU sampler against the CPU reference ----------------------------------------------

@@ -199,6 +199,8 @@ typedef struct {
     int num_graphs;               // cuda: decode CUDA graphs captured (0: --enforce-eager)
     double graph_s;               // their capture time, inside load_s
     size_t graph_bytes;           // their GPU memory
+    int megakernel_rows;          // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
+    char megakernel_why[160];     // and why not beyond
     gpu_info_t gpu;               // probed on --device cuda
     bench_group_t groups[BENCH_MAX_BATCHES];  // 1 in throughput mode
     int n_groups;
@@ -568,6 +570,8 @@ static int run(bench_t *b) {
     b->num_graphs = e->runner->num_graphs;
     b->graph_s = e->runner->graph_seconds;
     b->graph_bytes = e->runner->graph_bytes;
+    b->megakernel_rows = e->runner->megakernel_rows;
+    snprintf(b->megakernel_why, sizeof b->megakernel_why, "%s", e->runner->megakernel_why);
     if (b->ec.device == RUNNER_DEVICE_CUDA) gpu_probe(&b->gpu, 0);
     int rc = b->work == WORK_LATENCY ? check_latency_cache(b, e) : 0;
     b->n_groups = b->work == WORK_LATENCY ? b->n_batches : 1;
@@ -721,6 +725,13 @@ static void print_engine(const bench_t *b) {
     if (c->device == RUNNER_DEVICE_CUDA)
         printf("  %-16s %d decode sizes captured in %.2f s, %zu bytes%s\n", "cuda graphs", b->num_graphs, b->graph_s,
                b->graph_bytes, b->num_graphs ? "" : " (--enforce-eager)");
+    if (c->device == RUNNER_DEVICE_CUDA && b->num_graphs) {
+        if (b->megakernel_rows)
+            printf("  %-16s decode steps of 1 to %d rows%s%s\n", "megakernel", b->megakernel_rows,
+                   b->megakernel_why[0] ? "; not " : "", b->megakernel_why);
+        else
+            printf("  %-16s off (%s)\n", "megakernel", b->megakernel_why);
+    }
 }
 
 static void print_throughput(const bench_t *b) {
@@ -1048,6 +1059,8 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     cJSON_AddNumberToObject(o, "cuda_graphs", b->num_graphs);
     cJSON_AddNumberToObject(o, "graph_capture_s", b->graph_s);
     cJSON_AddNumberToObject(o, "graph_bytes", (double)b->graph_bytes);
+    cJSON_AddNumberToObject(o, "megakernel_rows", b->megakernel_rows);
+    cJSON_AddStringToObject(o, "megakernel_not", b->megakernel_why);
     cJSON_AddItemToObject(o, "config", config_json(&b->model, &b->ec));
     char *s = cJSON_Print(o);
     cJSON_Delete(o);

@@ -229,6 +229,11 @@ int engine_create(const engine_config_t *cfg, engine_t **out) {
                     (double)e->runner->graph_bytes / (1 << 20));
         else
             fprintf(stderr, "minivllm: decode CUDA graphs: off (--enforce-eager)\n");
+        if (e->runner->num_graphs > 0 && e->runner->megakernel_rows > 0)
+            fprintf(stderr, "minivllm: decode megakernel: steps of 1 to %d rows%s%s\n", e->runner->megakernel_rows,
+                    e->runner->megakernel_why[0] ? "; not " : "", e->runner->megakernel_why);
+        else if (e->runner->num_graphs > 0)
+            fprintf(stderr, "minivllm: decode megakernel: off (%s)\n", e->runner->megakernel_why);
     }
     // The runner converted the weights into its own buffers. A mapped file
     // costs nothing to keep, but random weights are a second copy in memory.

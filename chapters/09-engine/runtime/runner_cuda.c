@@ -96,6 +96,7 @@
 #include "common/check.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/decode_megakernel.h"
 #include "kernels/embedding.h"
 #include "kernels/kv_store.h"
 #include "kernels/linear.h"
@@ -209,6 +210,15 @@ typedef struct {
     // MV_TP_COMM_OF_ONE=1 (a communicator of one rank, whose collectives copy:
     // the same bits as tp = 1, so one GPU checks that path; build/engine_check).
     int collectives;
+    // The decode megakernel (kernels/decode_megakernel.h): the layers of a
+    // graphed decode step of up to megakernel_rows rows in one persistent
+    // kernel, the same bits as the kernels it replaces. On with
+    // MV_MEGAKERNEL=1 (off by default), never at tp > 1 or with enforce_eager.
+    int megakernel[DECODE_MAX_SIZES];     // 1: size k's graph runs it
+    megakernel_layer_t *d_mk_layers;      // [L] the layers' pointers, on the device
+    bf16_t *d_residual2;                  // [8, H] the megakernel's second residual buffer
+    unsigned *d_mk_barrier;               // its grid barrier's counter
+    unsigned long long *d_mk_timeline;    // MV_MEGAKERNEL_PROFILE=1: the last step's barrier times
     // The tensor-parallel path only (NULL otherwise):
 #if MV_HAVE_NCCL
     ncclComm_t nccl;                  // this rank's NCCL communicator
@@ -357,9 +367,45 @@ static int place_weights(cuda_state_t *s, const qwen3_weights_t *w, int L, int H
     return rcode;
 }
 
+// MV_MEGAKERNEL_PROFILE=1: where the last megakernel step's time went,
+// phase by phase (the mean over the layers), to stderr.
+static void megakernel_profile_print(const model_runner_t *r, const cuda_state_t *s) {
+    const int L = r->cfg.num_hidden_layers, slots = MEGAKERNEL_TIMELINE_SLOTS(L);
+    unsigned long long *t = calloc((size_t)2 * slots, sizeof *t);
+    if (!t || cudaMemcpy(t, s->d_mk_timeline, (size_t)2 * slots * sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        free(t);
+        return;
+    }
+    int used = 0;
+    while (used < slots - 1 && t[2 * used + 1]) used++;
+    const int per = L > 0 ? used / L : 0;
+    static const char *names7[] = {"norm + qkv", "q/k norm + RoPE + KV store", "attention pieces", "their reduction",
+                                   "o_proj", "norm + gate_up", "SiluAndMul + down"};
+    static const char *names6[] = {"norm + qkv", "q/k norm + RoPE + KV store", "attention", "o_proj",
+                                   "norm + gate_up", "SiluAndMul + down"};
+    if (per == 6 || per == 7) {
+        const unsigned long long start = t[2 * (slots - 1)];
+        fprintf(stderr, "minivllm: megakernel profile of the last step (%d barriers, %.1f us to the last): "
+                        "per phase, the mean over %d layers of\n  %-28s %10s %10s\n", used,
+                (double)(t[2 * (used - 1) + 1] - start) / 1e3, L, "phase", "work us", "barrier us");
+        for (int j = 0; j < per; j++) {
+            double work = 0, wait = 0;
+            for (int l = 0; l < L; l++) {
+                const int i = l * per + j;
+                const unsigned long long from = i == 0 ? start : t[2 * (i - 1) + 1];
+                work += (double)(t[2 * i] - from);
+                wait += (double)(t[2 * i + 1] - t[2 * i]);
+            }
+            fprintf(stderr, "  %-28s %10.2f %10.2f\n", per == 7 ? names7[j] : names6[j], work / L / 1e3, wait / L / 1e3);
+        }
+    }
+    free(t);
+}
+
 static void cuda_destroy(model_runner_t *r) {
     cuda_state_t *s = r->state;
     if (!s) return;
+    if (s->d_mk_timeline) megakernel_profile_print(r, s);
     // Free what exists; errors are ignored here (a failed create may leave
     // a sticky error, and there is nothing left to do with one).
     if (s->stream) cudaStreamSynchronize(s->stream);
@@ -389,7 +435,7 @@ static void cuda_destroy(model_runner_t *r) {
     void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
                        s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
-                       s->d_raw};
+                       s->d_raw,       s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     if (s->h_stage) cudaFreeHost(s->h_stage);
     if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
@@ -810,6 +856,108 @@ static int lm_head_tp(const model_runner_t *r, cuda_state_t *s, int N) {
     return 0;
 }
 
+static int decode_size_index(const cuda_state_t *s, int S);
+
+// The megakernel's arguments: the model, the cache, the step's device
+// arrays and the scratch buffers (the same ones the unfused layers use).
+static void megakernel_args_fill(const model_runner_t *r, const cuda_state_t *s, megakernel_args_t *a,
+                                 int max_context_len) {
+    const qwen3_config_t *c = &r->cfg;
+    memset(a, 0, sizeof *a);
+    a->num_layers = c->num_hidden_layers;
+    a->hidden = c->hidden_size;
+    a->intermediate = s->layout.down.in_local;
+    a->num_heads = c->num_attention_heads;
+    a->num_kv_heads = c->num_key_value_heads;
+    a->head_dim = c->head_dim;
+    a->eps = (float)c->rms_norm_eps;
+    a->d_layers = s->d_mk_layers;
+    a->final_norm = s->d_final_norm;
+    a->cos_sin = s->rope.d_cos_sin;
+    a->max_position = s->rope.max_position;
+    a->block_size = r->rc.block_size;
+    a->num_blocks = r->rc.num_blocks;
+    a->max_blocks = s->max_blocks;
+    a->positions = s->d.positions;
+    a->slot_mapping = s->d.slot_mapping;
+    a->context_lens = s->d.context_lens;
+    a->block_tables = s->d.block_tables;
+    a->max_context_len = max_context_len;
+    a->residual = s->d_residual;
+    a->residual2 = s->d_residual2;
+    a->hidden_out = s->d_hidden;
+    a->qkv = s->d_qkv;
+    a->attn = s->d_attn;
+    a->x = s->d_x;
+    a->gate_up = s->d_gate_up;
+    a->attn_ws = (float *)s->d_attn_ws;
+    a->attn_ws_bytes = s->attn_ws_bytes;
+    a->barrier = s->d_mk_barrier;
+    a->timeline = s->d_mk_timeline;
+}
+
+// MV_MEGAKERNEL=1 turns the decode megakernel on. It is off by default:
+// on an H200 it computes the same bits but one stream decodes 3.5% slower
+// than through the unfused graphs (docs/09-engine.md, "A decode megakernel").
+static int megakernel_wanted(void) {
+    const char *v = getenv("MV_MEGAKERNEL");
+    return v && !strcmp(v, "1");
+}
+
+// Which decode sizes the megakernel takes (at creation, before capture):
+// its buffers, the layers' pointers on the device, and the check of
+// decode_megakernel_applies for each size. Sets r->megakernel_rows and,
+// for the first size it does not take, r->megakernel_why.
+static int megakernel_prepare(model_runner_t *r) {
+    cuda_state_t *s = r->state;
+    const int L = r->cfg.num_hidden_layers, H = r->cfg.hidden_size;
+    r->megakernel_rows = 0;
+    snprintf(r->megakernel_why, sizeof r->megakernel_why, "%s",
+             s->collectives ? "tensor parallel" : !megakernel_wanted() ? "MV_MEGAKERNEL=1 turns it on" : "");
+    if (s->collectives || !megakernel_wanted()) return 0;
+    megakernel_layer_t *h = calloc((size_t)L, sizeof *h);
+    if (!h) return mv_error("out of host memory for the megakernel's layer table");
+    for (int l = 0; l < L; l++) {
+        const cuda_layer_t *cl = &s->layers[l];
+        h[l] = (megakernel_layer_t){cl->d_qkv,        cl->d_o_proj,    cl->d_gate_up, cl->d_down,
+                                    cl->d_input_norm, cl->d_post_norm, cl->d_q_norm,  cl->d_k_norm,
+                                    cl->d_k_cache,    cl->d_v_cache};
+    }
+    // Biases (not Qwen3's) leave every size to the unfused layers.
+    int biased = 0;
+    for (int l = 0; l < L; l++) biased |= s->layers[l].d_qkv_bias || s->layers[l].d_o_bias;
+    if (biased) {
+        free(h);
+        snprintf(r->megakernel_why, sizeof r->megakernel_why, "the model has biases");
+        return 0;
+    }
+    size_t *sb = &r->scratch_bytes;
+    if (dev_alloc((void **)&s->d_mk_layers, (size_t)L * sizeof *h, sb, "the megakernel's layer table") ||
+        dev_alloc((void **)&s->d_residual2, (size_t)8 * H * sizeof(bf16_t), sb, "the megakernel's residual") ||
+        dev_alloc((void **)&s->d_mk_barrier, 64, sb, "the megakernel's barrier") ||
+        (getenv("MV_MEGAKERNEL_PROFILE") && !strcmp(getenv("MV_MEGAKERNEL_PROFILE"), "1") &&
+         dev_alloc((void **)&s->d_mk_timeline, 2 * sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_SLOTS(L), sb,
+                   "the megakernel's profile")) ||
+        CUDA_TRY(cudaMemcpy(s->d_mk_layers, h, (size_t)L * sizeof *h, cudaMemcpyHostToDevice))) {
+        free(h);
+        return -1;
+    }
+    megakernel_args_t a;
+    megakernel_args_fill(r, s, &a, r->rc.max_model_len);
+    for (int k = 0, from_one = 1; k < s->num_sizes; k++) {
+        char why[sizeof r->megakernel_why] = "";
+        const int ok = s->sizes[k] <= 8 && decode_megakernel_applies(&a, &h[0], s->sizes[k], why, sizeof why);
+        s->megakernel[k] = ok;
+        if (ok && from_one) r->megakernel_rows = s->sizes[k];
+        if (!ok) from_one = 0;
+        if (!ok && !r->megakernel_why[0])
+            snprintf(r->megakernel_why, sizeof r->megakernel_why, "at %d rows: %s", s->sizes[k],
+                     s->sizes[k] > 8 ? "more than 8 rows" : why);
+    }
+    free(h);
+    return 0;
+}
+
 // Inputs up, the whole forward pass enqueued, fp32 logits of the sampled
 // rows left in s->d_logits. Nothing waits for the GPU here.
 // The whole forward pass of a step of T tokens, S rows and N sampled rows,
@@ -824,6 +972,19 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     const float eps = (float)c->rms_norm_eps;
     const runner_step_t in_sizes = {.num_tokens = T, .num_seqs = S, .num_sample = N};
     const runner_step_t *in = &in_sizes;
+    const int k = s->fast_decode && T == S && N == S ? decode_size_index(s, S) : -1;
+    if (k >= 0 && s->sizes[k] == S && s->megakernel[k]) {
+        // The decode megakernel: every layer and the final norm in one kernel.
+        megakernel_args_t a;
+        megakernel_args_fill(r, s, &a, max_context_len);
+        if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream) ||
+            decode_megakernel_cuda(&a, S, s->stream) ||
+            gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream) ||
+            linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
+            bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
+            return mv_error_prefix("the decode megakernel's step of %d rows", S);
+        return 0;
+    }
     if (s->collectives) {
         // Each rank's rows of the ids it holds, zeros for the others'; the
         // all-reduce adds the one non-zero row of each token to every rank.
@@ -1006,6 +1167,7 @@ static int run_decode(model_runner_t *r, const runner_step_t *in, const runner_s
 static int capture_decode_graphs_fast(model_runner_t *r);
 static int capture_decode_graphs(model_runner_t *r) {
     cuda_state_t *s = r->state;
+    if (megakernel_prepare(r)) return -1;
     s->fast_decode = 1;
     // Not at tp > 1: a programmatic edge lets a kernel start before the one
     // it follows has finished, and after an NCCL kernel that is NCCL's

@@ -1,0 +1,665 @@
+/*
+ * kernels/decode_megakernel.cu - the decoder layers of a decode step in one
+ * persistent kernel (see decode_megakernel.h for what it computes and where
+ * it applies).
+ *
+ * Napkin math (Qwen3-0.6B, one row, one H200). A layer reads 31.5 MB of
+ * weights: 7.5 us at the 4.2 TB/s copy bandwidth, 210 us for 28 layers. As
+ * separate kernels the layer is ten dependent launches, and a kernel costs
+ * at least ~1.6 us on the chain whatever it moves; a projection's GEMV, a
+ * one-shot read that starts cold, gets 31-53% of copy (the engine measures
+ * 17.0 us for the four, against 7.5). Here one block per SM runs the whole
+ * layer stack. Kernel boundaries become grid barriers, 0.93 us each
+ * measured with 132 blocks (tests/gpu/barrier_probe.cu), seven a layer; and
+ * the weights no longer start cold: each block's rows of the next
+ * projection are copied into its shared memory by the bulk copy engine
+ * while the current phases run.
+ *
+ * One block per SM, 128 threads (DEC_THREADS: a decode piece runs as its
+ * own kernel would). Shared memory:
+ *
+ *   A    the block's rows of qkv_proj, then of gate_up_proj   (Qwen3-0.6B: 64 / 96 KB)
+ *   B    its rows of o_proj, then of down_proj                (32 / 48 KB)
+ *   X    the GEMV's input rows [M, K] bf16 (the normed hidden rows, the
+ *        attention output, SiluAndMul of gate_up), or the decode piece's
+ *        combine buffers while attention runs
+ *
+ * A block's rows of a projection of N rows are row pairs p0 .. p1 - 1 of
+ * N / 2, an equal share (15 or 16 pairs of qkv_proj's 2,048 on 132 SMs):
+ * contiguous in the weight, one bulk copy. Each buffer is refilled as soon
+ * as its projection has been computed: A with gate_up during attention, and
+ * with the next layer's qkv during the down projection; B with down during
+ * the post-attention norm, with the next o_proj during the next qkv.
+ *
+ * The phases of a layer and the grid barriers between them:
+ *
+ *   1  [residual += x] RMSNorm -> X (every block, all M rows: 2 KB each from
+ *      L2), qkv GEMV from A -> qkv;  A <- gate_up                     | barrier
+ *   2  q/k norm + RoPE (LANES lanes a head), k and v into the cache  | barrier
+ *   3  decode pieces (kv head, row, piece)                           | barrier
+ *   4  their reduction (head, row), when the context is split        | barrier
+ *   5  attn -> X, o_proj GEMV from B -> x;  B <- down                | barrier
+ *   6  residual += x, RMSNorm -> X, gate_up GEMV from A -> gate_up;
+ *      A <- next qkv                                                 | barrier
+ *   7  SiluAndMul(gate_up) -> X, down GEMV from B -> x;  B <- next o | barrier
+ *
+ * Every block computes the norms itself (a few KB from L2) instead of one
+ * block writing the result and all waiting for it: one barrier less per
+ * norm. Block 0 writes the updated residual into the other of two residual
+ * buffers, since the other blocks are still reading the one it came from.
+ *
+ * The bits. The GEMV's sum of a row is taken in linear_gemv_kernel's order
+ * (per lane its chunks in slab order, the slices' warp sums added in order:
+ * linear_gemv_k_split fixes the slices), the norm's in rmsnorm_kernel_v3's
+ * (one 8-wide vector per thread, a block sum over 4 warps: the unused
+ * warps add zeros, which changes no bit of a sum of squares), q/k norm and
+ * RoPE with chapter 05's helpers in version 6's order (MATH 1: rotate, then
+ * scale), SiluAndMul with kernels/activation.cuh's expression and rounding,
+ * and attention by chapter 07's own device functions. Activations written in
+ * the kernel are read through L2 (__ldcg): a grid barrier does not
+ * invalidate the read-only path's cache.
+ */
+#include "kernels/decode_megakernel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/check.h"
+#include "kernels/activation.cuh"
+#include "kernels/attention.h"
+#include "kernels/common.cuh"
+#include "kernels/grid_barrier.cuh"
+#include "kernels/linear.h"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope_fused.cuh"
+
+typedef __nv_bfloat16 bf16;
+#include "kernels/paged_kv.cuh"
+#define MV_DECODE_DEVICE_ONLY
+#include "kernels/attention_decode.cuh"
+
+namespace mk {
+
+constexpr int THREADS = DEC_THREADS, WARPS = THREADS / 32;
+constexpr unsigned COPY_CHUNK = 32768;  // bytes per bulk copy instruction
+
+struct params {
+    megakernel_args_t a;
+    int qkv_n, qn;             // qkv rows, nq * D
+    int ks_h, ks_qn, ks_i;     // the GEMV's K split for K = H, nq * D, I
+    int num_splits, split_len; // decode attention (version 3: split_len = -TILE)
+    int groups_per_kv;
+    float scale_log2;
+    int block_shift;
+    long long num_slots;
+    unsigned off_b, off_x, off_bar;  // shared-memory offsets (A at 0)
+};
+
+// ---- the bulk copy engine and its barriers (sm_90) -----------------------------------
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Expect `bytes` on the barrier (one arrival: its phase completes when that
+// many bytes have landed). Thread 0 only.
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// `bytes` bytes from src into dst by the bulk copy engine, completing on
+// the barrier. Thread 0 only.
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (unsigned off = 0; off < bytes; off += COPY_CHUNK) {
+        const unsigned n = bytes - off < COPY_CHUNK ? bytes - off : COPY_CHUNK;
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                smem_u32(static_cast<char *>(dst) + off)),
+            "l"(static_cast<const char *>(src) + off), "r"(n), "r"(smem_u32(bar))
+            : "memory");
+    }
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+#endif
+}
+
+// A block's share of a projection of N rows: row pairs [p0, p1) of N / 2.
+__device__ __forceinline__ void share(int N, int *row0, int *rows) {
+    const long long pairs = N / 2;
+    const long long p0 = pairs * blockIdx.x / gridDim.x, p1 = pairs * (blockIdx.x + 1) / gridDim.x;
+    *row0 = (int)(2 * p0);
+    *rows = (int)(2 * (p1 - p0));
+}
+
+// A weight buffer in shared memory: which rows it holds, and the parity of
+// its barrier's next phase. Every thread keeps the same copy.
+struct wbuf {
+    uint4 *mem;
+    uint64_t *bar;
+    unsigned fills;  // bulk copies completed and waited for
+    int pending;     // 1 while a copy is in flight
+    int row0, rows;
+};
+
+// Refill b with this block's rows of w [N, K]. Call from every thread after
+// a __syncthreads that follows the last read of the buffer.
+__device__ __forceinline__ void fill(wbuf &b, const bf16_t *w, int N, int K) {
+    share(N, &b.row0, &b.rows);
+    b.pending = b.rows > 0;
+    if (b.pending && threadIdx.x == 0) {
+        const unsigned bytes = (unsigned)b.rows * (unsigned)K * 2u;
+        mbar_expect(b.bar, bytes);
+        bulk_copy(b.mem, reinterpret_cast<const bf16 *>(w) + (long long)b.row0 * K, bytes, b.bar);
+    }
+}
+
+__device__ __forceinline__ void wait(wbuf &b) {
+    if (!b.pending) return;
+    mbar_wait(b.bar, b.fills & 1u);
+    b.fills++;
+    b.pending = 0;
+}
+
+// ---- the GEMV from shared memory (linear_gemv_kernel's sums) ---------------------------
+
+__device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_float(v, f); }
+
+// out[m][row0 + r] for the block's rows r of W (shared, [rows, K]), from
+// xs (shared, [MT][K / 8] vectors). A warp takes a row pair at a time and
+// all ks slices of it in turn.
+template <int MT>
+__device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N) {
+    const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int pr = warp; 2 * pr < b.rows; pr += WARPS) {
+        const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
+        float s[2][MT];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) s[r][m] = 0.0f;
+        for (int q = 0; q < ks; q++) {
+            float acc[2][MT];
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
+            for (int slab = q; slab * 32 < kc; slab += ks) {
+                const int c = slab * 32 + lane;
+                if (c >= kc) continue;
+                float wf[2][8];
+                unpack8(w0[c], wf[0]);
+                unpack8(w1[c], wf[1]);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    float xf[8];
+                    unpack8(xs[m * kc + c], xf);
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) s[r][m] += warp_sum(acc[r][m]);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                if (lane == r * MT + m) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(s[r][m]);
+    }
+}
+
+// ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
+
+__device__ __forceinline__ uint4 ldcg16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+
+// xs[m] = RMSNorm(v) * w for each row m, v = residual_in[m] (+ x[m] when x
+// is given: the fused add, whose sum block 0 stores to residual_out).
+// With `rows_out`, block 0 also stores the normed rows there.
+template <int MT>
+__device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, const bf16 *w, bf16 *res_out,
+                                          uint4 *xs, bf16 *rows_out, int H, float eps) {
+    const int nvec = H / 8, i = threadIdx.x;
+    for (int m = 0; m < MT; m++) {
+        bf16_vec<8> v;
+        float sum_sq = 0.0f;
+        if (i < nvec) {
+            const long long at = (long long)m * H + i * 8;
+            uint4 raw = ldcg16((x ? x : res_in) + at);
+            v = *reinterpret_cast<const bf16_vec<8> *>(&raw);
+            if (x) {
+                uint4 rraw = ldcg16(res_in + at);
+                const bf16_vec<8> r = *reinterpret_cast<const bf16_vec<8> *>(&rraw);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v.v[e] = __float2bfloat16(__bfloat162float(v.v[e]) + __bfloat162float(r.v[e]));
+                if (blockIdx.x == 0) *reinterpret_cast<bf16_vec<8> *>(res_out + at) = v;
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float f = __bfloat162float(v.v[e]);
+                sum_sq += f * f;
+            }
+        }
+        const float inv_rms = block_inv_rms(sum_sq, H, eps);
+        if (i < nvec) {
+            const bf16_vec<8> wk = *reinterpret_cast<const bf16_vec<8> *>(w + i * 8);
+            bf16_vec<8> o;
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                o.v[e] = __float2bfloat16(__bfloat162float(v.v[e]) * inv_rms * __bfloat162float(wk.v[e]));
+            xs[m * nvec + i] = *reinterpret_cast<const uint4 *>(&o);
+            if (rows_out && blockIdx.x == 0) *reinterpret_cast<bf16_vec<8> *>(rows_out + (long long)m * H + i * 8) = o;
+        }
+    }
+}
+
+// ---- q/k norm + RoPE + the KV store (qk_norm_rope version 6, store_kvcache) --------------
+
+__device__ __forceinline__ void check_slot(int slot, long long num_slots) {
+    if (slot < -1 || (long long)slot >= num_slots) __trap();
+}
+
+// A group of LANES lanes per head (D = 16 * LANES), every head of every row.
+template <int LANES>
+__device__ __forceinline__ void rope_store(const params &p, const megakernel_layer_t &ly, int M) {
+    using namespace rope_fused;
+    constexpr int VEC = 8, D = 2 * VEC * LANES, HALF = D / 2, GROUPS = THREADS / LANES;
+    using vec_t = pack<VEC>;
+    using fvec_t = fvec<VEC>;
+    const megakernel_args_t &a = p.a;
+    const int nq = a.num_heads, nkv = a.num_kv_heads, nh = nq + nkv;
+    const int lane = threadIdx.x % LANES, group = threadIdx.x / LANES;
+    const unsigned mask = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((threadIdx.x % 32) - lane));
+    const int tasks = M * nh;
+    for (int base = blockIdx.x * GROUPS; base < tasks; base += gridDim.x * GROUPS) {
+        const int t = base + group, live = t < tasks, tt = live ? t : tasks - 1;
+        const int m = tt / nh, h = tt % nh, is_q = h < nq;
+        bf16 *head = reinterpret_cast<bf16 *>(a.qkv) + (long long)m * p.qkv_n + (is_q ? h * D : p.qn + (h - nq) * D);
+        const int pos = a.positions[m];
+        check_pos(pos, a.max_position);
+        uint4 r1 = ldcg16(head + lane * VEC), r2 = ldcg16(head + HALF + lane * VEC);
+        const vec_t x1 = *reinterpret_cast<const vec_t *>(&r1), x2 = *reinterpret_cast<const vec_t *>(&r2);
+        const bf16 *w = reinterpret_cast<const bf16 *>(is_q ? ly.q_norm : ly.k_norm);
+        const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
+        const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float x = get(x1, e), y = get(x2, e);
+            ss += x * x + y * y;
+        }
+        const float inv_rms = group_inv_rms<LANES>(ss, mask, D, a.eps);
+        float co[VEC], si[VEC], o1[VEC], o2[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
+        rotate_scaled<VEC>(x1, x2, wa, wb, co, si, o1, o2);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
+        const vec_t y1 = put<VEC>(o1), y2 = put<VEC>(o2);
+        if (!live) continue;
+        if (is_q) {
+            reinterpret_cast<vec_t *>(head)[lane] = y1;
+            reinterpret_cast<vec_t *>(head + HALF)[lane] = y2;
+            continue;
+        }
+        const int slot = a.slot_mapping[m];
+        check_slot(slot, p.num_slots);
+        if (slot < 0) continue;  // a padding row: its slot is left alone
+        const long long at = (long long)slot * nkv * D + (long long)(h - nq) * D;
+        bf16 *kc = reinterpret_cast<bf16 *>(ly.k_cache) + at, *vc = reinterpret_cast<bf16 *>(ly.v_cache) + at;
+        const bf16 *v = head + nkv * D;  // the v head sits nkv heads after its k head
+        const uint4 v1 = ldcg16(v + lane * VEC), v2 = ldcg16(v + HALF + lane * VEC);
+        reinterpret_cast<vec_t *>(kc)[lane] = y1;
+        reinterpret_cast<vec_t *>(kc + HALF)[lane] = y2;
+        reinterpret_cast<uint4 *>(vc + lane * VEC)[0] = v1;
+        reinterpret_cast<uint4 *>(vc + HALF + lane * VEC)[0] = v2;
+    }
+}
+
+// ---- attention (chapter 07's decode pieces and reduction) --------------------------------
+
+template <int D, int G>
+__device__ __forceinline__ void attention(const params &p, const megakernel_layer_t &ly, int M, float *sm) {
+    const megakernel_args_t &a = p.a;
+    const int nq = a.num_heads, nkv = a.num_kv_heads, nbx = nkv * p.groups_per_kv;
+    const long long row = (long long)nkv * D;
+    const PagedKV kv = {reinterpret_cast<const bf16 *>(ly.k_cache), reinterpret_cast<const bf16 *>(ly.v_cache), row,
+                        row, a.context_lens, a.block_tables, p.block_shift, a.max_blocks};
+    float *ws_o = a.attn_ws, *ws_ml = p.num_splits > 1 ? a.attn_ws + (size_t)M * nq * p.num_splits * D : NULL;
+    const int tasks = nbx * M * p.num_splits;
+    for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
+        const int bx = t % nbx, s = (t / nbx) % M, split = t / (nbx * M);
+        decode_piece_v2<D, G, dec_ld_cg>(bx, s, split, p.groups_per_kv, threadIdx.x, sm,
+                                         reinterpret_cast<bf16 *>(a.attn), reinterpret_cast<const bf16 *>(a.qkv),
+                                         p.qkv_n, kv, nq, nkv, p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml);
+        __syncthreads();  // sm is the next piece's
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void attention_reduce(const params &p, int M) {
+    const megakernel_args_t &a = p.a;
+    const int nq = a.num_heads;
+    const float *ws_o = a.attn_ws, *ws_ml = a.attn_ws + (size_t)M * nq * p.num_splits * D;
+    for (int t = blockIdx.x; t < nq * M; t += gridDim.x)
+        if (threadIdx.x < D)
+            decode_reduce_one<dec_ld_cg>(t % nq, t / nq, threadIdx.x, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
+                                         a.context_lens, nq, D, p.num_splits, p.split_len);
+}
+
+// ---- the GEMV inputs ------------------------------------------------------------------------
+
+__device__ __forceinline__ void stage(uint4 *xs, const bf16_t *src, int n16) {
+    const uint4 *s = reinterpret_cast<const uint4 *>(src);
+    for (int i = threadIdx.x; i < n16; i += THREADS) xs[i] = __ldcg(s + i);
+}
+
+// xs[m][c] = SiluAndMul of gate_up's row m, chunk c (gemv_x_silu_mul's values).
+__device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int M, int I) {
+    const int kc = I / 8;
+    const uint4 *gu = reinterpret_cast<const uint4 *>(gate_up);
+    for (int i = threadIdx.x; i < M * kc; i += THREADS) {
+        const int m = i / kc, c = i % kc;
+        float g[8], u[8];
+        unpack8(__ldcg(gu + (long long)m * 2 * kc + c), g);
+        unpack8(__ldcg(gu + (long long)m * 2 * kc + kc + c), u);
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
+                                                             silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
+            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
+        }
+        xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// ---- the kernel -----------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// The grid barrier, and with a timeline the times around it (the profile
+// of decode_megakernel.h: each block's arrival, once all its threads are
+// there, into the barrier's max; block 0's departure).
+__device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl) {
+    if (tl) {
+        __syncthreads();
+        if (threadIdx.x == 0) atomicMax(&tl[2 * gb->epoch], globaltimer());
+    }
+    grid_barrier_sync(gb);
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (gb->epoch - 1) + 1] = globaltimer();
+}
+
+template <int MT, int D, int G>
+__global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_constant__ params p) {
+    extern __shared__ __align__(128) unsigned char mk_smem[];
+    const megakernel_args_t &a = p.a;
+    const int H = a.hidden, I = a.intermediate, L = a.num_layers;
+    const float eps = a.eps;
+    uint64_t *bars = reinterpret_cast<uint64_t *>(mk_smem + p.off_bar);
+    wbuf A = {reinterpret_cast<uint4 *>(mk_smem), bars, 0u, 0, 0, 0};
+    wbuf B = {reinterpret_cast<uint4 *>(mk_smem + p.off_b), bars + 1, 0u, 0, 0, 0};
+    uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
+    float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
+    if (threadIdx.x == 0) {
+        mbar_init(&bars[0]);
+        mbar_init(&bars[1]);
+    }
+    __syncthreads();
+    grid_barrier_t gb = grid_barrier_make(a.barrier);
+    unsigned long long *tl = a.timeline;
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1)] = globaltimer();
+    const megakernel_layer_t *layers = a.d_layers;
+    bf16 *res[2] = {reinterpret_cast<bf16 *>(a.residual), reinterpret_cast<bf16 *>(a.residual2)};
+    const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
+    int fused = 0;  // fused adds so far: the residual is res[fused % 2]
+
+    fill(A, layers[0].qkv, p.qkv_n, H);
+    fill(B, layers[0].o_proj, H, p.qn);
+    norm_rows<MT>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps);
+    for (int l = 0; l < L; l++) {
+        const megakernel_layer_t ly = layers[l];
+        // 1. input norm, qkv
+        if (l > 0) {
+            norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.input_norm), res[(fused + 1) % 2], xs,
+                          NULL, H, eps);
+            fused++;
+        }
+        __syncthreads();
+        wait(A);
+        gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n);
+        __syncthreads();
+        fill(A, ly.gate_up, 2 * I, H);
+        barrier(&gb, tl);
+        // 2. q/k norm, RoPE, KV store
+        rope_store<D / 16>(p, ly, MT);
+        barrier(&gb, tl);
+        // 3-4. attention
+        attention<D, G>(p, ly, MT, att);
+        barrier(&gb, tl);
+        if (p.num_splits > 1) {
+            attention_reduce<D>(p, MT);
+            barrier(&gb, tl);
+        }
+        // 5. o_proj
+        stage(xs, a.attn, MT * p.qn / 8);
+        __syncthreads();
+        wait(B);
+        gemv<MT>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H);
+        __syncthreads();
+        fill(B, ly.down, H, I);
+        barrier(&gb, tl);
+        // 6. post-attention norm, gate_up
+        norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs, NULL,
+                      H, eps);
+        fused++;
+        __syncthreads();
+        wait(A);
+        gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I);
+        __syncthreads();
+        if (l + 1 < L) fill(A, layers[l + 1].qkv, p.qkv_n, H);
+        barrier(&gb, tl);
+        // 7. SiluAndMul, down
+        stage_silu(xs, a.gate_up, MT, I);
+        __syncthreads();
+        wait(B);
+        gemv<MT>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H);
+        __syncthreads();
+        if (l + 1 < L) fill(B, layers[l + 1].o_proj, H, p.qn);
+        barrier(&gb, tl);
+    }
+    // The final norm; block 0 writes the normed rows.
+    norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
+                  reinterpret_cast<bf16 *>(a.hidden_out), H, eps);
+}
+
+typedef void (*kernel_fn)(const params);
+
+template <int D, int G>
+static kernel_fn pick_mt(int M) {
+    switch (M) {
+    case 1: return decode_megakernel<1, D, G>;
+    case 2: return decode_megakernel<2, D, G>;
+    case 4: return decode_megakernel<4, D, G>;
+    case 8: return decode_megakernel<8, D, G>;
+    default: return NULL;
+    }
+}
+
+static kernel_fn pick(int M, int D, int G) {
+    if (D == 128) return G == 1 ? pick_mt<128, 1>(M) : G == 2 ? pick_mt<128, 2>(M) : G == 4 ? pick_mt<128, 4>(M) : NULL;
+    if (D == 64) return G == 1 ? pick_mt<64, 1>(M) : G == 2 ? pick_mt<64, 2>(M) : G == 4 ? pick_mt<64, 4>(M) : NULL;
+    return NULL;
+}
+
+static int piece_floats(int D, int G) {
+    if (D == 128) return G == 1 ? dec_piece_smem_floats<128, 1>() : G == 2 ? dec_piece_smem_floats<128, 2>()
+                                                                          : dec_piece_smem_floats<128, 4>();
+    return G == 1 ? dec_piece_smem_floats<64, 1>() : G == 2 ? dec_piece_smem_floats<64, 2>()
+                                                            : dec_piece_smem_floats<64, 4>();
+}
+
+}  // namespace mk
+
+// ---- the host side ------------------------------------------------------------------------
+
+// The G decode attention takes for a GQA group (launch_decode_v2_d).
+static int attention_g(int group) { return group % 8 == 0 ? 8 : group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1; }
+
+static unsigned round128(size_t n) { return (unsigned)((n + 127) / 128 * 128); }
+
+// Bytes of a block's share of a projection of N rows by K at most.
+static size_t share_bytes(int N, int K, int blocks) {
+    const long long pairs = N / 2, most = (pairs + blocks - 1) / blocks;
+    return (size_t)(2 * most) * (size_t)K * 2;
+}
+
+typedef struct {
+    mk::params p;
+    mk::kernel_fn fn;
+    size_t smem;
+    int blocks;
+} plan_t;
+
+static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t why_len) {
+#define NOPE(...) return (snprintf(why, why_len, __VA_ARGS__), 0)
+    int dev = 0, major = 0, sms = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev))
+        NOPE("no CUDA device");
+    if (major < 9) NOPE("compute capability %d.x: the bulk copies need 9.0", major);
+    const int H = a->hidden, I = a->intermediate, nq = a->num_heads, nkv = a->num_kv_heads, D = a->head_dim;
+    if (M != 1 && M != 2 && M != 4 && M != 8) NOPE("%d rows (it takes 1, 2, 4 or 8)", M);
+    if (a->num_layers < 1 || H < 8 || H % 8 || H > 8 * mk::THREADS)
+        NOPE("hidden size %d (it takes a multiple of 8 up to %d)", H, 8 * mk::THREADS);
+    if (D != 64 && D != 128) NOPE("head_dim %d (it takes 64 or 128)", D);
+    if (nq < 1 || nkv < 1 || nq % nkv) NOPE("%d query heads over %d kv heads", nq, nkv);
+    const int G = attention_g(nq / nkv);
+    if (G > 4) NOPE("a GQA group of %d (decode attention's G = %d; it takes 1, 2, 4)", nq / nkv, G);
+    if (I < 8 || I % 8) NOPE("intermediate size %d (it takes a multiple of 8)", I);
+    if (a->block_size < 1 || (a->block_size & (a->block_size - 1))) NOPE("block size %d", a->block_size);
+    mk::params &p = pl->p;
+    memset(&p, 0, sizeof p);
+    p.a = *a;
+    p.qn = nq * D;
+    p.qkv_n = (nq + 2 * nkv) * D;
+    p.ks_h = linear_gemv_k_split(H);
+    p.ks_qn = linear_gemv_k_split(p.qn);
+    p.ks_i = linear_gemv_k_split(I);
+    p.num_splits = attention_decode_num_splits(M, nkv, a->max_context_len, a->block_size);
+    p.split_len = -dec_tile(D, dec_unroll(G));
+    p.groups_per_kv = nq / nkv / G;
+    p.scale_log2 = (1.0f / sqrtf((float)D)) * 1.4426950408889634f;
+    int shift = 0;
+    while ((1 << shift) < a->block_size) shift++;
+    p.block_shift = shift;
+    p.num_slots = (long long)a->num_blocks * a->block_size;
+    const size_t ws = attention_decode_workspace_bytes(M, nq, D, p.num_splits);
+    if (ws > 0 && (!a->attn_ws || a->attn_ws_bytes < ws)) NOPE("%d attention pieces need %zu bytes of workspace", p.num_splits, ws);
+    const int blocks = sms;
+    const size_t bytes_a = share_bytes(p.qkv_n, H, blocks) > share_bytes(2 * I, H, blocks)
+                               ? share_bytes(p.qkv_n, H, blocks) : share_bytes(2 * I, H, blocks);
+    const size_t bytes_b = share_bytes(H, p.qn, blocks) > share_bytes(H, I, blocks) ? share_bytes(H, p.qn, blocks)
+                                                                                      : share_bytes(H, I, blocks);
+    int widest = H > p.qn ? H : p.qn;
+    if (I > widest) widest = I;
+    size_t bytes_x = (size_t)M * widest * 2;
+    const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4;
+    if (bytes_att > bytes_x) bytes_x = bytes_att;
+    p.off_b = round128(bytes_a);
+    p.off_x = p.off_b + round128(bytes_b);
+    p.off_bar = p.off_x + round128(bytes_x);
+    pl->smem = p.off_bar + 16;
+    if (pl->smem > (size_t)optin)
+        NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,
+             optin);
+    pl->fn = mk::pick(M, D, G);
+    if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d", M, D, G);
+    pl->blocks = blocks;
+    return 1;
+#undef NOPE
+}
+
+extern "C" int decode_megakernel_applies(const megakernel_args_t *a, const megakernel_layer_t *layer0, int M,
+                                         char *why, size_t why_len) {
+    char local[160];
+    if (!why || why_len == 0) why = local, why_len = sizeof local;
+    why[0] = 0;
+    plan_t pl;
+    if (!a || !layer0) return (snprintf(why, why_len, "no arguments"), 0);
+    if (!plan(a, M, &pl, why, why_len)) return 0;
+    const int H = a->hidden, I = a->intermediate, qn = pl.p.qn, qkv_n = pl.p.qkv_n;
+    // The bits are the GEMV's only where linear_cuda would run the GEMV.
+    const struct { const bf16_t *x, *w; int N, K; const char *name; } proj[] = {
+        {a->hidden_out, layer0->qkv, qkv_n, H, "qkv_proj"}, {a->attn, layer0->o_proj, H, qn, "o_proj"},
+        {a->hidden_out, layer0->gate_up, 2 * I, H, "gate_up_proj"}, {a->gate_up, layer0->down, H, I, "down_proj"}};
+    for (size_t k = 0; k < sizeof proj / sizeof *proj; k++)
+        if (linear_auto_version(proj[k].x, proj[k].w, M, proj[k].N, proj[k].K) != LINEAR_GEMV)
+            return (snprintf(why, why_len, "%s at M = %d runs on cuBLAS, not the GEMV", proj[k].name, M), 0);
+    // RMSNorm version 3 and RoPE version 6 take 8-wide vectors only when aligned.
+    const void *aligned[] = {a->residual, a->residual2, a->hidden_out, a->x, a->qkv, a->attn, a->gate_up,
+                             layer0->input_norm, layer0->post_norm, layer0->q_norm, layer0->k_norm, a->final_norm,
+                             layer0->k_cache, layer0->v_cache};
+    for (size_t k = 0; k < sizeof aligned / sizeof *aligned; k++)
+        if (!aligned[k] || !mv_aligned(aligned[k], 16)) return (snprintf(why, why_len, "a buffer not 16-byte aligned"), 0);
+    if (!a->cos_sin || !mv_aligned(a->cos_sin, 32)) return (snprintf(why, why_len, "cos/sin not 32-byte aligned"), 0);
+    int per_sm = 0;
+    if (cudaFuncSetAttribute((const void *)pl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pl.fn, mk::THREADS, pl.smem) || per_sm < 1) {
+        cudaGetLastError();
+        return (snprintf(why, why_len, "one block of %zu bytes of shared memory does not fit an SM", pl.smem), 0);
+    }
+    return 1;
+}
+
+extern "C" int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStream_t stream) {
+    char why[160];
+    plan_t pl;
+    if (!a) return mv_error("decode_megakernel_cuda: no arguments");
+    if (!plan(a, M, &pl, why, sizeof why)) return mv_error("decode_megakernel_cuda: %s", why);
+    if (!a->d_layers || !a->barrier || !a->residual || !a->residual2 || !a->hidden_out || !a->qkv || !a->attn || !a->x ||
+        !a->gate_up || !a->final_norm || !a->cos_sin || !a->positions || !a->slot_mapping || !a->context_lens ||
+        !a->block_tables)
+        return mv_error("decode_megakernel_cuda: a null pointer");
+    if (CUDA_TRY(cudaFuncSetAttribute((const void *)pl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem)) ||
+        CUDA_TRY(cudaMemsetAsync(a->barrier, 0, sizeof(unsigned), stream)) ||
+
+        (a->timeline && CUDA_TRY(cudaMemsetAsync(a->timeline, 0,
+                                                 2 * sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_SLOTS(a->num_layers),
+                                                 stream))))
+        return -1;
+    void *args[] = {&pl.p};
+    return CUDA_TRY(cudaLaunchCooperativeKernel((const void *)pl.fn, dim3((unsigned)pl.blocks), dim3(mk::THREADS),
+                                                args, pl.smem, stream));
+}

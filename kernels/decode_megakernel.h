@@ -1,0 +1,111 @@
+/*
+ * kernels/decode_megakernel.h - a whole decode step's decoder layers in one
+ * persistent kernel (the "megakernel"), for one GPU and a few rows.
+ *
+ * The engine's decode step is a chain of about 290 dependent kernels, and
+ * each kernel costs ~1.6 us on the chain even with programmatic dependent
+ * launch, before it moves a byte (docs/09-engine.md, "Why the engine is
+ * still far from its floor"). This kernel keeps one block on every SM for
+ * all the layers: the kernel boundaries become grid barriers (~1 us,
+ * kernels/grid_barrier.cuh), and each block's share of the next
+ * projections' weights streams into its shared memory (the bulk copy
+ * engine) while the current phase runs, so the weights keep flowing across
+ * the barriers instead of starting cold at every kernel.
+ *
+ * What it computes is the layers of the unfused decode step, the same bits:
+ * for every layer l of the step's M rows (one token each),
+ *
+ *     [l > 0: residual += x]  hidden = RMSNorm(residual) * input_norm[l]
+ *     qkv = hidden W_qkv^T                              (the GEMV's sums)
+ *     q, k heads: RMSNorm * q_norm / k_norm, RoPE       (qk_norm_rope v6)
+ *     k, v -> the paged cache at slot_mapping            (store_kvcache)
+ *     attn = decode attention over the context           (version 3, split)
+ *     x = attn W_o^T
+ *     residual += x;  hidden = RMSNorm(residual) * post_norm[l]
+ *     gate_up = hidden W_gate_up^T
+ *     x = SiluAndMul(gate_up) W_down^T
+ *
+ * then residual += x, out = RMSNorm(residual) * final_norm. Each phase
+ * takes its arithmetic, in its order, from the kernel it replaces (the
+ * GEMV's K split, RMSNorm version 3's sums, chapter 05's norm and rotation
+ * helpers, chapter 07's decode piece and reduction as device functions),
+ * so a step through this kernel gives the bits of the unfused graph
+ * (build/engine_check compares them). The CPU reference is the same as the
+ * unfused kernels': the CPU backend's layer.
+ *
+ * Where it applies (decode_megakernel_applies): compute capability 9.0
+ * (the bulk copies and mbarriers), no biases, hidden <= 1024, head_dim 64
+ * or 128, a GQA group of 1, 2 or 4, M in {1, 2, 4, 8}, and every projection
+ * one that linear_cuda would run as the GEMV at that M (so that the bits are
+ * the GEMV's: for Qwen3-0.6B, M <= 2), with its weights fitting in shared memory.
+ */
+#ifndef MV_KERNELS_DECODE_MEGAKERNEL_H
+#define MV_KERNELS_DECODE_MEGAKERNEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "common/bf16.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// One decoder layer's weights and KV cache on the device.
+typedef struct {
+    const bf16_t *qkv;         // [nq*D + 2*nkv*D, H]  rows: q, k, v
+    const bf16_t *o_proj;      // [H, nq*D]
+    const bf16_t *gate_up;     // [2I, H]  rows: gate, then up
+    const bf16_t *down;        // [H, I]
+    const bf16_t *input_norm;  // [H]
+    const bf16_t *post_norm;   // [H]
+    const bf16_t *q_norm;      // [D]
+    const bf16_t *k_norm;      // [D]
+    bf16_t *k_cache, *v_cache; // [num_blocks, block_size, nkv, D] each
+} megakernel_layer_t;
+
+typedef struct {
+    // the model
+    int num_layers, hidden, intermediate, num_heads, num_kv_heads, head_dim;
+    float eps;                            // RMSNorm's epsilon
+    const megakernel_layer_t *d_layers;   // [num_layers], on the device
+    const bf16_t *final_norm;             // [H]
+    const float *cos_sin;                 // [max_position, D] fp32 (rope_cache_gpu_t)
+    int max_position;
+    // the paged cache
+    int block_size, num_blocks, max_blocks;
+    // the step (device arrays, M rows)
+    const int32_t *positions, *slot_mapping, *context_lens, *block_tables;
+    int max_context_len;                  // the attention's bound (a decode graph: max_model_len)
+    // buffers: residual holds the embedding on entry; hidden_out [M, H] gets the
+    // final norm's output; residual2 [M, H] is scratch, as are the others
+    bf16_t *residual, *residual2, *hidden_out, *qkv, *attn, *x, *gate_up;
+    float *attn_ws;                       // the split decode's pieces
+    size_t attn_ws_bytes;
+    unsigned *barrier;                    // one counter, zeroed by decode_megakernel_cuda
+    // NULL, or [2 * (MEGAKERNEL_TIMELINE_SLOTS)] for a profile of the step: for
+    // barrier i, [2i] the last block's arrival and [2i + 1] block 0's
+    // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start.
+    unsigned long long *timeline;
+} megakernel_args_t;
+
+// Barriers a step of L layers passes at most (7 a layer), plus the start slot.
+#define MEGAKERNEL_TIMELINE_SLOTS(L) (7 * (L) + 2)
+
+// 1 when the megakernel takes this model at M rows on the current device,
+// else 0 with the reason in why[why_len] (no error recorded). The weight
+// pointers of layer 0 on the host decide the GEMV's alignment.
+int decode_megakernel_applies(const megakernel_args_t *a, const megakernel_layer_t *layer0, int M, char *why,
+                              size_t why_len);
+
+// The decoder layers and the final norm of a decode step of M rows (see
+// above), enqueued as a memset of the barrier counter and one cooperative
+// launch. Capturable into a CUDA graph. -1 with mv_error() on bad arguments.
+int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# tests/gpu/megakernel.sh - the decode megakernel (kernels/decode_megakernel.h) on the GPU machine.
+#
+# One call of the lab's `device` tool runs this on an H200 machine:
+#   bash tests/gpu/megakernel.sh
+# It builds for sm_90, then:
+#   1. build/engine_check --device cuda: among its cases, decode graphs that run the megakernel
+#      (MV_MEGAKERNEL=1) at 1, 2, 4 and 8 rows against eager launches of the unfused kernels
+#      (tokens and every logit row bit-identical), on the three tiny checkpoints and Qwen3-0.6B's
+#      shapes; then chapter 07's check (its decode pieces and reduction are the megakernel's)
+#   2. one stream (512 + 256, random weights, Qwen3-0.6B's shapes) with the megakernel
+#      (MV_MEGAKERNEL=1) and without it (the default: the unfused graphs), alternated; its
+#      profile (MV_MEGAKERNEL_PROFILE=1); the latency mode at batch 1, 2 and 8
+#   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
+#      decode steps take the megakernel
+# Leaves under $OUT: engine_check.txt, 09-engine.mk-*.json, sanitizer logs, run.log.
+set -uo pipefail
+OUT=${OUT:-/tmp/mv-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+mkdir -p /opt/deps
+for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
+export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export MV_COMMIT=${MV_COMMIT:-}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+T0=$(date +%s)
+make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
+echo "built in $(( $(date +%s) - T0 )) s"
+status=0
+
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
+  echo "=================== build/engine_check --device cuda (graphs: the megakernel where it applies)"
+  timeout "${CHECK_S:-240}" ./build/engine_check --device cuda > "$OUT/engine_check.txt" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "engine_check rc=$rc: $(grep -c '^PASS' "$OUT/engine_check.txt") PASS, $(grep -c '^FAIL' "$OUT/engine_check.txt") FAIL"
+  grep -vE '^PASS' "$OUT/engine_check.txt" | tail -25
+  echo "=================== chapter 07's check (decode attention: the megakernel's pieces and reduction)"
+  timeout "${CH07_S:-200}" ./build/07-attention --json "$OUT/07-attention.json" > "$OUT/07-attention.txt" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "07-attention rc=$rc: $(grep -c 'PASS' "$OUT/07-attention.txt") PASS lines, $(grep -c 'FAIL' "$OUT/07-attention.txt") FAIL lines"
+fi
+
+model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  for mk in 1 0; do
+    echo "=================== one stream, MV_MEGAKERNEL=$mk (round $round)"
+    MV_MEGAKERNEL=$mk timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
+      --repeat 3 --json "$OUT/09-engine.mk$mk.single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
+  done
+done
+echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1 (the last step's phases)"
+MV_MEGAKERNEL=1 MV_MEGAKERNEL_PROFILE=1 timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
+  --repeat 1 2>&1 | grep -A12 "megakernel profile" | tee "$OUT/megakernel.profile.txt"
+for mk in $([ "${LATENCY:-1}" = 1 ] && echo 1 0); do
+  echo "=================== latency at batch 1, 2, 8, MV_MEGAKERNEL=$mk"
+  MV_MEGAKERNEL=$mk timeout 120 ./build/minivllm bench "${model[@]}" --latency --batch 1,2,8 --prompt-len 512 \
+    --output-len 256 --repeat 2 --json "$OUT/09-engine.mk$mk.latency.json" 2>&1 | grep -E "batch|TPOT|TTFT|tok/s|megakernel" | head -14
+done
+
+if [ "${MK_SANITIZE:-0}" = 1 ]; then
+  CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck synccheck; do
+    echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 4 rows, decode steps in the megakernel)"
+    MV_MEGAKERNEL=1 timeout 200 "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
+      --model tests/data/tiny-qwen3-mha --device cuda --num-seqs 4 --prompt-len 24 --output-len 16 --repeat 1 \
+      --max-num-seqs 4 --max-model-len 128 > "$OUT/sanitizer.$tool.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "$tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.$tool.log" | tail -1)"
+    grep -E "^  megakernel" "$OUT/sanitizer.$tool.log" | head -1
+  done
+fi
+exit $status
