@@ -644,6 +644,51 @@ def render_comm_of_one():
     return "\n".join(out) + "\n"
 
 
+MEGAKERNEL_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel.txt")
+PROFILE_LINE = re.compile(r"^  (\S.*?)\s+(\d+\.\d+)\s+(\d+\.\d+)$")
+
+
+def render_megakernel():
+    """The decode megakernel against the unfused graphs, one stream (09-engine.mk{0,1}.single.{1,2}.json), and
+    its per-phase profile (the MV_MEGAKERNEL_PROFILE=1 lines of docs/results/09-engine-megakernel.txt)."""
+    runs = {(m, r): load(f"09-engine.mk{m}.single.{r}.json") for m in (0, 1) for r in (1, 2)}
+    if not all(runs.values()) or not os.path.exists(MEGAKERNEL_TXT):
+        return None
+    d = runs[1, 1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
+           f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
+           f"(`tests/gpu/megakernel.sh`): the decode graphs of the unfused kernels (the default) and with the "
+           f"megakernel (`MV_MEGAKERNEL=1`), alternated. Output tok/s, median of 3 (min - max), and the median time "
+           f"per output token:",
+           "", "| round | unfused graphs | megakernel | megakernel / unfused |", "| --- | ---: | ---: | ---: |"]
+    f = lambda x: (f"{x['output_tok_s']:,.0f} ({x['output_tok_s_min']:,.0f} - {x['output_tok_s_max']:,.0f}), "
+                   f"{x['tpot_ms']['p50']:.3f} ms")
+    for r in (1, 2):
+        a, b = runs[0, r], runs[1, r]
+        out.append(f"| {r} | {f(a)} | {f(b)} | {100 * b['output_tok_s'] / a['output_tok_s']:.1f}% |")
+    lines = open(MEGAKERNEL_TXT).read().splitlines()
+    start = next((i for i, l in enumerate(lines) if "megakernel profile of the last step" in l), None)
+    if start is not None:
+        m = re.search(r"\((\d+) barriers, ([\d.]+) us to the last\)", lines[start])
+        rows = []
+        for l in lines[start + 2:]:
+            g = PROFILE_LINE.match(l)
+            if not g:
+                break
+            rows.append((g.group(1), float(g.group(2)), float(g.group(3))))
+        work, wait = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        out += ["", f"Where a step's time goes inside the megakernel (`MV_MEGAKERNEL_PROFILE=1`, the last step of the "
+                f"same run's one stream: {m.group(1)} grid barriers, {float(m.group(2)):,.1f} us from the kernel's "
+                f"start to the last barrier). *Work*: from the previous barrier's release to the last block's "
+                f"arrival at this one; *barrier*: from that arrival to the release. The mean over the 28 layers, "
+                f"in us:",
+                "", "| phase | work | barrier | both |", "| --- | ---: | ---: | ---: |"]
+        for name, a, b in rows:
+            out.append(f"| {name} | {a:.2f} | {b:.2f} | {a + b:.2f} |")
+        out.append(f"| a layer | {work:.2f} | {wait:.2f} | {work + wait:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -714,6 +759,9 @@ def blocks():
     options = render_engine_options()
     if options:
         out["09-engine:options"] = ("09-engine.options-gpu.nanovllm.options.json", options)
+    mk = render_megakernel()
+    if mk:
+        out["09-engine:megakernel"] = ("09-engine.mk1.single.1.json", mk)
     serving = render_serving()
     if serving:
         out["09-engine:serving"] = ("09-serving.rate-inf.json", serving)
