@@ -120,16 +120,18 @@ __device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
 // `bytes` bytes from src into dst by the bulk copy engine, completing on
 // the barrier. Thread 0 only.
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     for (unsigned off = 0; off < bytes; off += COPY_CHUNK) {
         const unsigned n = bytes - off < COPY_CHUNK ? bytes - off : COPY_CHUNK;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         asm volatile(
             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                 smem_u32(static_cast<char *>(dst) + off)),
             "l"(static_cast<const char *>(src) + off), "r"(n), "r"(smem_u32(bar))
             : "memory");
-    }
+#else
+        (void)n, (void)dst, (void)src, (void)bar;
 #endif
+    }
 }
 
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
