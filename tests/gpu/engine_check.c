@@ -414,23 +414,7 @@ static int run_hashed_ex(const char *dir, int eager, int sampled, const golden_t
 
 static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g, engine_output_t *outs,
                       logit_hashes_t *lh, int *num_graphs) {
-    const run_cfg_t rc = {"graphs", 16, 512, 0, 1, 0, 0, 0};
-    const int saved = g_enforce_eager;
-    g_enforce_eager = eager;
-    engine_t *e = make_engine(dir, RUNNER_DEVICE_CUDA, &rc);
-    g_enforce_eager = saved;
-    if (!e) return -1;
-    *num_graphs = e->runner->num_graphs;
-    engine_request_t reqs[MAX_CASES];
-    for (int i = 0; i < g->n_cases; i++) {
-        sampling_params_t p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
-        if (sampled) p = (sampling_params_t){.temperature = 0.8f, .top_k = i % 3 ? 20 : 0, .top_p = i % 2 ? 0.9f : 1.0f, .max_tokens = g->max_new_tokens, .ignore_eos = 1};
-        reqs[i] = (engine_request_t){g->cases[i].prompt, g->cases[i].n_prompt, p, 1000u + (uint64_t)i};
-    }
-    memset(lh, 0, sizeof *lh);
-    int rc2 = engine_generate(e, reqs, g->n_cases, outs, hash_logits, lh);
-    engine_free(e);
-    return rc2;
+    return run_hashed_ex(dir, eager, sampled, g, 0, g->n_cases, 16, 0, outs, lh, num_graphs, NULL);
 }
 
 // ---- the decode megakernel against the unfused kernels --------------------------------
