@@ -93,6 +93,13 @@ struct dec_ld_cg {
     static __device__ __forceinline__ float f32(const float *p) { return __ldcg(p); }
 };
 
+// How the threads of a piece wait for each other: the whole block (the
+// kernels below), or a named barrier of DEC_THREADS threads when the block
+// has other warps too (the decode megakernel's producer warp).
+struct dec_sync_block {
+    static __device__ __forceinline__ void sync() { __syncthreads(); }
+};
+
 // Shared memory of one piece's combine, in floats: the substreams'
 // accumulators [NSUB][G][D], then their m [NSUB][G] and l [NSUB][G].
 template <int D, int G>
@@ -103,8 +110,8 @@ __host__ __device__ constexpr int dec_piece_smem_floats() {
 // One piece: the G query heads from h0 of kv head kvh (bx: the CTA's x
 // index in a grid of Hkv * groups_per_kv), sequence s, piece `split`, by
 // DEC_THREADS threads (tid: this one); sm holds dec_piece_smem_floats<D, G>()
-// floats. Every thread of the block calls it (it holds one __syncthreads).
-template <int D, int G, class Ld>
+// floats. Every thread of the piece calls it (it holds one Sync::sync()).
+template <int D, int G, class Ld, class Sync = dec_sync_block>
 __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
                                                 bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
                                                 int H, int Hkv, float scale_log2, int num_splits, int split_len,
@@ -228,7 +235,7 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
             sm_l[sub][g] = l[g];
         }
     }
-    __syncthreads();
+    Sync::sync();
     for (int e = tid; e < G * D; e += DEC_THREADS) {
         const int g = e / D, d = e % D;
         float M = -INFINITY;

@@ -63,6 +63,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/check.h"
@@ -81,8 +82,16 @@ typedef __nv_bfloat16 bf16;
 
 namespace mk {
 
-constexpr int THREADS = DEC_THREADS, WARPS = THREADS / 32;
-constexpr unsigned COPY_CHUNK = 32768;  // bytes per bulk copy instruction
+// Four consumer warps compute (a decode piece's DEC_THREADS); a fifth, the
+// producer, streams the weights.
+constexpr int CONSUMERS = DEC_THREADS, WARPS = CONSUMERS / 32, THREADS = CONSUMERS + 32;
+constexpr int MAX_RING = 8;
+
+// The consumers' own barrier (named barrier 1): the producer never waits
+// for them there.
+struct csync {
+    static __device__ __forceinline__ void sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+};
 
 struct params {
     megakernel_args_t a;
@@ -94,6 +103,8 @@ struct params {
     int block_shift;
     long long num_slots;
     unsigned off_b, off_x, off_bar;  // shared-memory offsets (A at 0)
+    unsigned chunk;                  // bytes a bulk copy of the producer
+    int ring;                        // copies it keeps in flight
 };
 
 // ---- the bulk copy engine and its barriers (sm_90) -----------------------------------
@@ -107,6 +118,12 @@ __device__ __forceinline__ void mbar_init(uint64_t *bar) {
 #endif
 }
 
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
 // Expect `bytes` on the barrier (one arrival: its phase completes when that
 // many bytes have landed). Thread 0 only.
 __device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
@@ -117,21 +134,17 @@ __device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
 #endif
 }
 
-// `bytes` bytes from src into dst by the bulk copy engine, completing on
-// the barrier. Thread 0 only.
+// `bytes` bytes (a multiple of 16) from src into dst by the bulk copy
+// engine, completing on the barrier. Thread 0 only.
 __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-    for (unsigned off = 0; off < bytes; off += COPY_CHUNK) {
-        const unsigned n = bytes - off < COPY_CHUNK ? bytes - off : COPY_CHUNK;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                smem_u32(static_cast<char *>(dst) + off)),
-            "l"(static_cast<const char *>(src) + off), "r"(n), "r"(smem_u32(bar))
-            : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
 #else
-        (void)n, (void)dst, (void)src, (void)bar;
+    (void)dst, (void)src, (void)bytes, (void)bar;
 #endif
-    }
 }
 
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
@@ -154,33 +167,70 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
     *rows = (int)(2 * (p1 - p0));
 }
 
-// A weight buffer in shared memory: which rows it holds, and the parity of
-// its barrier's next phase. Every thread keeps the same copy.
+// The weights' two buffers. Shared memory barriers: full[i] completes when
+// the producer has landed a projection's rows in buffer i, empty[i] when
+// the consumers are done reading them; ring[] paces the producer's copies.
+enum { BAR_FULL = 0, BAR_EMPTY = 2, BAR_RING = 4, NUM_BARS = BAR_RING + MAX_RING };
+
+// A buffer as the consumers see it: which rows it holds now, and how many
+// projections they have taken from it (the parity of its barriers' phases).
 struct wbuf {
     uint4 *mem;
-    uint64_t *bar;
-    unsigned fills;  // bulk copies completed and waited for
-    int pending;     // 1 while a copy is in flight
+    uint64_t *full, *empty;
+    unsigned used;
     int row0, rows;
 };
 
-// Refill b with this block's rows of w [N, K]. Call from every thread after
-// a __syncthreads that follows the last read of the buffer.
-__device__ __forceinline__ void fill(wbuf &b, const bf16_t *w, int N, int K) {
+// Wait for the buffer's next projection (of N rows): every consumer thread.
+__device__ __forceinline__ void wait(wbuf &b, int N) {
     share(N, &b.row0, &b.rows);
-    b.pending = b.rows > 0;
-    if (b.pending && threadIdx.x == 0) {
-        const unsigned bytes = (unsigned)b.rows * (unsigned)K * 2u;
-        mbar_expect(b.bar, bytes);
-        bulk_copy(b.mem, reinterpret_cast<const bf16 *>(w) + (long long)b.row0 * K, bytes, b.bar);
-    }
+    mbar_wait(b.full, b.used & 1u);
 }
 
-__device__ __forceinline__ void wait(wbuf &b) {
-    if (!b.pending) return;
-    mbar_wait(b.bar, b.fills & 1u);
-    b.fills++;
-    b.pending = 0;
+// Done reading it: the producer may refill it.
+__device__ __forceinline__ void release(wbuf &b) {
+    csync::sync();
+    if (threadIdx.x == 0) mbar_arrive(b.empty);
+    b.used++;
+}
+
+// The producer (one thread): every projection of every layer, in the order
+// the consumers take them (qkv into buffer 0, o_proj into 1, gate_up into 0,
+// down into 1, then the next layer), each block's share in copies of
+// p.chunk bytes with at most p.ring in flight. A whole share requested at
+// once (up to 96 KB a block, 12.6 MB from all SMs) would sit in front of
+// every other access of the SM until it landed, the grid barriers' too.
+__device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
+    const megakernel_args_t &a = p.a;
+    const int H = a.hidden, I = a.intermediate, R = p.ring;
+    uint64_t *ring = bars + BAR_RING;
+    unsigned issued = 0, fills[2] = {0u, 0u};
+    for (int l = 0; l < a.num_layers; l++) {
+        const megakernel_layer_t ly = a.d_layers[l];
+        for (int j = 0; j < 4; j++) {
+            const int buf = j & 1;
+            const bf16_t *w = j == 0 ? ly.qkv : j == 1 ? ly.o_proj : j == 2 ? ly.gate_up : ly.down;
+            const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
+            if (fills[buf] > 0) mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
+            int row0, rows;
+            share(N, &row0, &rows);
+            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
+            const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
+            char *dst = reinterpret_cast<char *>(bufs[buf]);
+            const unsigned first = issued;
+            for (unsigned off = 0; off < bytes; off += p.chunk) {
+                const unsigned n = bytes - off < p.chunk ? bytes - off : p.chunk, slot = issued % R;
+                if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
+                mbar_expect(ring + slot, n);
+                bulk_copy(dst + off, src + off, n, ring + slot);
+                issued++;
+            }
+            for (unsigned i = issued - first > (unsigned)R ? issued - R : first; i < issued; i++)
+                mbar_wait(ring + i % R, (i / R) & 1u);
+            mbar_arrive(bars + BAR_FULL + buf);
+            fills[buf]++;
+        }
+    }
 }
 
 // ---- the GEMV from shared memory (linear_gemv_kernel's sums) ---------------------------
@@ -189,9 +239,12 @@ __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_
 
 // out[m][row0 + r] for the block's rows r of W (shared, [rows, K]), from
 // xs (shared, [MT][K / 8] vectors). A warp takes a row pair at a time and
-// all ks slices of it in turn.
+// all ks slices of it in turn; within a slice, as linear_gemv_kernel does,
+// it loads U slabs' chunks of both rows before it uses any (the sums keep
+// their order: per lane its chunks in slab order).
 template <int MT>
 __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N) {
+    constexpr int U = 4;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int pr = warp; 2 * pr < b.rows; pr += WARPS) {
         const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
@@ -206,20 +259,30 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
             for (int r = 0; r < 2; r++)
 #pragma unroll
                 for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
-            for (int slab = q; slab * 32 < kc; slab += ks) {
-                const int c = slab * 32 + lane;
-                if (c >= kc) continue;
-                float wf[2][8];
-                unpack8(w0[c], wf[0]);
-                unpack8(w1[c], wf[1]);
+            for (int slab = q; slab * 32 < kc; slab += U * ks) {
+                uint4 wv[U][2];
 #pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    float xf[8];
-                    unpack8(xs[m * kc + c], xf);
+                for (int u = 0; u < U; u++) {
+                    const int c = (slab + u * ks) * 32 + lane;
+                    wv[u][0] = c < kc ? w0[c] : make_uint4(0, 0, 0, 0);
+                    wv[u][1] = c < kc ? w1[c] : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
-                    for (int r = 0; r < 2; r++)
+                for (int u = 0; u < U; u++) {
+                    const int c = (slab + u * ks) * 32 + lane;
+                    if (c >= kc) continue;
+                    float wf[2][8];
+                    unpack8(wv[u][0], wf[0]);
+                    unpack8(wv[u][1], wf[1]);
 #pragma unroll
-                        for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+                    for (int m = 0; m < MT; m++) {
+                        float xf[8];
+                        unpack8(xs[m * kc + c], xf);
+#pragma unroll
+                        for (int r = 0; r < 2; r++)
+#pragma unroll
+                            for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+                    }
                 }
             }
 #pragma unroll
@@ -238,6 +301,20 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
 
 __device__ __forceinline__ uint4 ldcg16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
+
+// block_inv_rms (kernels/rmsnorm.cuh) over the four consumer warps alone:
+// the same sums (a warp's, then the warps' in a second warp sum).
+__device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps) {
+    __shared__ float partial[WARPS];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    csync::sync();
+    v = lane < WARPS ? partial[lane] : 0.0f;
+    v = warp_sum(v);
+    csync::sync();  // partial[] may be reused by the next call
+    return rsqrtf(v / (float)n + eps);
+}
 
 // xs[m] = RMSNorm(v) * w for each row m, v = residual_in[m] (+ x[m] when x
 // is given: the fused add, whose sum block 0 stores to residual_out).
@@ -266,7 +343,7 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
                 sum_sq += f * f;
             }
         }
-        const float inv_rms = block_inv_rms(sum_sq, H, eps);
+        const float inv_rms = consumers_inv_rms(sum_sq, H, eps);
         if (i < nvec) {
             const bf16_vec<8> wk = *reinterpret_cast<const bf16_vec<8> *>(w + i * 8);
             bf16_vec<8> o;
@@ -289,7 +366,7 @@ __device__ __forceinline__ void check_slot(int slot, long long num_slots) {
 template <int LANES>
 __device__ __forceinline__ void rope_store(const params &p, const megakernel_layer_t &ly, int M) {
     using namespace rope_fused;
-    constexpr int VEC = 8, D = 2 * VEC * LANES, HALF = D / 2, GROUPS = THREADS / LANES;
+    constexpr int VEC = 8, D = 2 * VEC * LANES, HALF = D / 2, GROUPS = CONSUMERS / LANES;
     using vec_t = pack<VEC>;
     using fvec_t = fvec<VEC>;
     const megakernel_args_t &a = p.a;
@@ -357,10 +434,10 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
     const int tasks = nbx * M * p.num_splits;
     for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
         const int bx = t % nbx, s = (t / nbx) % M, split = t / (nbx * M);
-        decode_piece_v2<D, G, dec_ld_cg>(bx, s, split, p.groups_per_kv, threadIdx.x, sm,
+        decode_piece_v2<D, G, dec_ld_cg, csync>(bx, s, split, p.groups_per_kv, threadIdx.x, sm,
                                          reinterpret_cast<bf16 *>(a.attn), reinterpret_cast<const bf16 *>(a.qkv),
                                          p.qkv_n, kv, nq, nkv, p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml);
-        __syncthreads();  // sm is the next piece's
+        csync::sync();  // sm is the next piece's
     }
 }
 
@@ -379,14 +456,14 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
 
 __device__ __forceinline__ void stage(uint4 *xs, const bf16_t *src, int n16) {
     const uint4 *s = reinterpret_cast<const uint4 *>(src);
-    for (int i = threadIdx.x; i < n16; i += THREADS) xs[i] = __ldcg(s + i);
+    for (int i = threadIdx.x; i < n16; i += CONSUMERS) xs[i] = __ldcg(s + i);
 }
 
 // xs[m][c] = SiluAndMul of gate_up's row m, chunk c (gemv_x_silu_mul's values).
 __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int M, int I) {
     const int kc = I / 8;
     const uint4 *gu = reinterpret_cast<const uint4 *>(gate_up);
-    for (int i = threadIdx.x; i < M * kc; i += THREADS) {
+    for (int i = threadIdx.x; i < M * kc; i += CONSUMERS) {
         const int m = i / kc, c = i % kc;
         float g[8], u[8];
         unpack8(__ldcg(gu + (long long)m * 2 * kc + c), g);
@@ -415,10 +492,10 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // there, into the barrier's max; block 0's departure).
 __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl) {
     if (tl) {
-        __syncthreads();
+        csync::sync();
         if (threadIdx.x == 0) atomicMax(&tl[2 * gb->epoch], globaltimer());
     }
-    grid_barrier_sync(gb);
+    grid_barrier_sync<csync>(gb);
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (gb->epoch - 1) + 1] = globaltimer();
 }
 
@@ -429,15 +506,18 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
     const int H = a.hidden, I = a.intermediate, L = a.num_layers;
     const float eps = a.eps;
     uint64_t *bars = reinterpret_cast<uint64_t *>(mk_smem + p.off_bar);
-    wbuf A = {reinterpret_cast<uint4 *>(mk_smem), bars, 0u, 0, 0, 0};
-    wbuf B = {reinterpret_cast<uint4 *>(mk_smem + p.off_b), bars + 1, 0u, 0, 0, 0};
+    uint4 *const bufs[2] = {reinterpret_cast<uint4 *>(mk_smem), reinterpret_cast<uint4 *>(mk_smem + p.off_b)};
+    wbuf A = {bufs[0], bars + BAR_FULL, bars + BAR_EMPTY, 0u, 0, 0};
+    wbuf B = {bufs[1], bars + BAR_FULL + 1, bars + BAR_EMPTY + 1, 0u, 0, 0};
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
-    if (threadIdx.x == 0) {
-        mbar_init(&bars[0]);
-        mbar_init(&bars[1]);
-    }
+    if (threadIdx.x == 0)
+        for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i]);
     __syncthreads();
+    if (threadIdx.x >= CONSUMERS) {  // the producer warp: one thread streams, the others leave
+        if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
+        return;
+    }
     grid_barrier_t gb = grid_barrier_make(a.barrier);
     unsigned long long *tl = a.timeline;
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1)] = globaltimer();
@@ -446,8 +526,6 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
-    fill(A, layers[0].qkv, p.qkv_n, H);
-    fill(B, layers[0].o_proj, H, p.qn);
     norm_rows<MT>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps);
     for (int l = 0; l < L; l++) {
         const megakernel_layer_t ly = layers[l];
@@ -457,11 +535,10 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
                           NULL, H, eps);
             fused++;
         }
-        __syncthreads();
-        wait(A);
+        csync::sync();
+        wait(A, p.qkv_n);
         gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n);
-        __syncthreads();
-        fill(A, ly.gate_up, 2 * I, H);
+        release(A);
         barrier(&gb, tl);
         // 2. q/k norm, RoPE, KV store
         rope_store<D / 16>(p, ly, MT);
@@ -475,29 +552,26 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
         }
         // 5. o_proj
         stage(xs, a.attn, MT * p.qn / 8);
-        __syncthreads();
-        wait(B);
+        csync::sync();
+        wait(B, H);
         gemv<MT>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H);
-        __syncthreads();
-        fill(B, ly.down, H, I);
+        release(B);
         barrier(&gb, tl);
         // 6. post-attention norm, gate_up
         norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs, NULL,
                       H, eps);
         fused++;
-        __syncthreads();
-        wait(A);
+        csync::sync();
+        wait(A, 2 * I);
         gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I);
-        __syncthreads();
-        if (l + 1 < L) fill(A, layers[l + 1].qkv, p.qkv_n, H);
+        release(A);
         barrier(&gb, tl);
         // 7. SiluAndMul, down
         stage_silu(xs, a.gate_up, MT, I);
-        __syncthreads();
-        wait(B);
+        csync::sync();
+        wait(B, H);
         gemv<MT>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H);
-        __syncthreads();
-        if (l + 1 < L) fill(B, layers[l + 1].o_proj, H, p.qn);
+        release(B);
         barrier(&gb, tl);
     }
     // The final norm; block 0 writes the normed rows.
@@ -563,8 +637,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (major < 9) NOPE("compute capability %d.x: the bulk copies need 9.0", major);
     const int H = a->hidden, I = a->intermediate, nq = a->num_heads, nkv = a->num_kv_heads, D = a->head_dim;
     if (M != 1 && M != 2 && M != 4 && M != 8) NOPE("%d rows (it takes 1, 2, 4 or 8)", M);
-    if (a->num_layers < 1 || H < 8 || H % 8 || H > 8 * mk::THREADS)
-        NOPE("hidden size %d (it takes a multiple of 8 up to %d)", H, 8 * mk::THREADS);
+    if (a->num_layers < 1 || H < 8 || H % 8 || H > 8 * mk::CONSUMERS)
+        NOPE("hidden size %d (it takes a multiple of 8 up to %d)", H, 8 * mk::CONSUMERS);
     if (D != 64 && D != 128) NOPE("head_dim %d (it takes 64 or 128)", D);
     if (nq < 1 || nkv < 1 || nq % nkv) NOPE("%d query heads over %d kv heads", nq, nkv);
     const int G = attention_g(nq / nkv);
@@ -602,7 +676,14 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
     p.off_bar = p.off_x + round128(bytes_x);
-    pl->smem = p.off_bar + 16;
+    pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
+    // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
+    const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
+    const long c = chunk ? atol(chunk) : 8192, r = ring ? atol(ring) : 4;
+    if (c < 16 || c > (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 up to 1 MiB)", chunk);
+    if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);
+    p.chunk = (unsigned)c;
+    p.ring = (int)r;
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,
              optin);

@@ -37,8 +37,16 @@ __device__ __forceinline__ grid_barrier_t grid_barrier_make(unsigned *count) {
     return b;
 }
 
+// Sync: how the block's participating threads meet (__syncthreads, or a
+// named barrier when some warps of the block do not take part); thread 0
+// must be one of them.
+struct grid_barrier_block_sync {
+    static __device__ __forceinline__ void sync() { __syncthreads(); }
+};
+
+template <class Sync = grid_barrier_block_sync>
 __device__ __forceinline__ void grid_barrier_sync(grid_barrier_t *b) {
-    __syncthreads();
+    Sync::sync();
     b->epoch++;
     if (threadIdx.x == 0) {
         const unsigned target = b->epoch * gridDim.x;
@@ -48,7 +56,7 @@ __device__ __forceinline__ void grid_barrier_sync(grid_barrier_t *b) {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(b->count) : "memory");
         } while (v < target);
     }
-    __syncthreads();
+    Sync::sync();
 }
 
 #endif

@@ -51,6 +51,14 @@ done
 echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1 (the last step's phases)"
 MV_MEGAKERNEL=1 MV_MEGAKERNEL_PROFILE=1 timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
   --repeat 1 2>&1 | grep -A12 "megakernel profile" | tee "$OUT/megakernel.profile.txt"
+# SWEEP="CHUNK:RING ...": the producer's pacing (bytes a copy : copies in flight), one stream each.
+for cr in ${SWEEP:-}; do
+  echo "=================== one stream, MV_MEGAKERNEL_CHUNK=${cr%:*} MV_MEGAKERNEL_RING=${cr#*:}"
+  MV_MEGAKERNEL=1 MV_MEGAKERNEL_PROFILE=1 MV_MEGAKERNEL_CHUNK=${cr%:*} MV_MEGAKERNEL_RING=${cr#*:} timeout 60 \
+    ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 --repeat 2 \
+    --json "$OUT/09-engine.mk1.sweep-${cr%:*}-${cr#*:}.json" 2>&1 | grep -E "output tok/s|megakernel profile|^  [a-zA-Z/].*[0-9]$|rror" \
+    | grep -vE "^  (requests|prompt|output tokens|steps|load|warm|wall|threads|generate)" | head -12
+done
 for mk in $([ "${LATENCY:-1}" = 1 ] && echo 1 0); do
   echo "=================== latency at batch 1, 2, 8, MV_MEGAKERNEL=$mk"
   MV_MEGAKERNEL=$mk timeout 120 ./build/minivllm bench "${model[@]}" --latency --batch 1,2,8 --prompt-len 512 \
