@@ -15,21 +15,29 @@
  * projection are copied into its shared memory by the bulk copy engine
  * while the current phases run.
  *
- * One block per SM, 128 threads (DEC_THREADS: a decode piece runs as its
- * own kernel would). Shared memory:
+ * One block per SM: 8 consumer warps that compute (two teams of a decode
+ * piece's DEC_THREADS while attention runs) and one producer warp whose
+ * first thread streams the weights. Shared memory:
  *
  *   A    the block's rows of qkv_proj, then of gate_up_proj   (Qwen3-0.6B: 64 / 96 KB)
  *   B    its rows of o_proj, then of down_proj                (32 / 48 KB)
  *   X    the GEMV's input rows [M, K] bf16 (the normed hidden rows, the
- *        attention output, SiluAndMul of gate_up), or the decode piece's
- *        combine buffers while attention runs
+ *        attention output, SiluAndMul of gate_up), or the decode pieces'
+ *        combine buffers (one per team) while attention runs
+ *   P    the GEMV's per-slice sums, when a row's K is split
  *
  * A block's rows of a projection of N rows are row pairs p0 .. p1 - 1 of
  * N / 2, an equal share (15 or 16 pairs of qkv_proj's 2,048 on 132 SMs):
- * contiguous in the weight, one bulk copy. Each buffer is refilled as soon
- * as its projection has been computed: A with gate_up during attention, and
- * with the next layer's qkv during the down projection; B with down during
- * the post-attention norm, with the next o_proj during the next qkv.
+ * contiguous in the weight. The producer walks every projection of every
+ * layer in the order the consumers take them, and refills a buffer as soon
+ * as the consumers release it: A with gate_up while attention runs, with the
+ * next layer's qkv during the down projection; B with down during the
+ * post-attention norm, with the next o_proj during the next qkv. It copies
+ * a share in pieces of 4 KB with at most 4 in flight (16 KB a block, 2 MB
+ * GPU-wide). The first version requested a whole share at once (up to 96 KB
+ * a block, 12.6 MB GPU-wide), and that burst sat in front of every later
+ * access of the SM, the grid barrier's polls included: the barriers after a
+ * refill took 1.8-3.6 us against 0.8.
  *
  * The phases of a layer and the grid barriers between them:
  *
@@ -50,9 +58,10 @@
  *
  * The bits. The GEMV's sum of a row is taken in linear_gemv_kernel's order
  * (per lane its chunks in slab order, the slices' warp sums added in order:
- * linear_gemv_k_split fixes the slices), the norm's in rmsnorm_kernel_v3's
- * (one 8-wide vector per thread, a block sum over 4 warps: the unused
- * warps add zeros, which changes no bit of a sum of squares), q/k norm and
+ * linear_gemv_k_split fixes the slices, whichever warp computes which), the
+ * norm's in rmsnorm_kernel_v3's (one 8-wide vector per thread, a block sum
+ * over the warps: the unused warps add zeros, which changes no bit of a sum
+ * of squares), q/k norm and
  * RoPE with chapter 05's helpers in version 6's order (MATH 1: rotate, then
  * scale), SiluAndMul with kernels/activation.cuh's expression and rounding,
  * and attention by chapter 07's own device functions. Activations written in
@@ -82,15 +91,31 @@ typedef __nv_bfloat16 bf16;
 
 namespace mk {
 
-// Four consumer warps compute (a decode piece's DEC_THREADS); a fifth, the
-// producer, streams the weights.
-constexpr int CONSUMERS = DEC_THREADS, WARPS = CONSUMERS / 32, THREADS = CONSUMERS + 32;
-constexpr int MAX_RING = 8;
+// NW consumer warps compute, in teams of a decode piece's DEC_THREADS while
+// attention runs; one more warp, the producer, streams the weights.
+// DEFAULT_NW is what the engine runs; MV_MEGAKERNEL_WARPS picks one of
+// EXTRA_NW for Qwen3-0.6B's head shape (D 128, G 2), for experiments.
+constexpr int DEFAULT_NW = 8, MAX_RING = 8;
+template <int NW>
+struct cfg {
+    static constexpr int CONSUMERS = 32 * NW, THREADS = CONSUMERS + 32, TEAMS = CONSUMERS / DEC_THREADS;
+    static_assert(NW % (DEC_THREADS / 32) == 0 && NW <= 32 && TEAMS + 2 <= 16, "whole teams, named barriers");
+};
 
 // The consumers' own barrier (named barrier 1): the producer never waits
 // for them there.
+template <int NW>
 struct csync {
-    static __device__ __forceinline__ void sync() { asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory"); }
+    static __device__ __forceinline__ void sync() {
+        asm volatile("bar.sync 1, %0;" ::"n"(cfg<NW>::CONSUMERS) : "memory");
+    }
+};
+
+// A team's barrier while attention runs (named barriers 2, 3, ...).
+struct team_sync {
+    static __device__ __forceinline__ void sync() {
+        asm volatile("bar.sync %0, %1;" ::"r"(2 + (int)threadIdx.x / DEC_THREADS), "n"((int)DEC_THREADS) : "memory");
+    }
 };
 
 struct params {
@@ -102,7 +127,7 @@ struct params {
     float scale_log2;
     int block_shift;
     long long num_slots;
-    unsigned off_b, off_x, off_bar;  // shared-memory offsets (A at 0)
+    unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
 };
@@ -188,8 +213,9 @@ __device__ __forceinline__ void wait(wbuf &b, int N) {
 }
 
 // Done reading it: the producer may refill it.
+template <int NW>
 __device__ __forceinline__ void release(wbuf &b) {
-    csync::sync();
+    csync<NW>::sync();
     if (threadIdx.x == 0) mbar_arrive(b.empty);
     b.used++;
 }
@@ -238,63 +264,69 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
 __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_float(v, f); }
 
 // out[m][row0 + r] for the block's rows r of W (shared, [rows, K]), from
-// xs (shared, [MT][K / 8] vectors). A warp takes a row pair at a time and
-// all ks slices of it in turn; within a slice, as linear_gemv_kernel does,
-// it loads U slabs' chunks of both rows before it uses any (the sums keep
-// their order: per lane its chunks in slab order).
-template <int MT>
-__device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N) {
-    constexpr int U = 4;
+// xs (shared, [MT][K / 8] vectors). The work items are (row pair, K slice):
+// warp w takes items w, w + NW, ...; within a slice, as linear_gemv_kernel
+// does, it loads U slabs' chunks of both rows before it uses any (per lane
+// its chunks in slab order). A slice's warp sums go to part[] (shared), and
+// each output then adds its slices' sums in slice order from 0, as
+// linear_gemv_kernel's last step does: the same bits, whichever warp took
+// which slice. With one slice the warp writes its sums itself.
+template <int MT, int NW>
+__device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+    constexpr int U = 4, RM = 2 * MT;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    for (int pr = warp; 2 * pr < b.rows; pr += WARPS) {
+    const int pairs = b.rows / 2, items = pairs * ks;
+    for (int it = warp; it < items; it += NW) {
+        const int pr = it / ks, q = it % ks;
         const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
-        float s[2][MT];
+        float acc[2][MT];
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
-            for (int m = 0; m < MT; m++) s[r][m] = 0.0f;
-        for (int q = 0; q < ks; q++) {
-            float acc[2][MT];
+            for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
+        for (int slab = q; slab * 32 < kc; slab += U * ks) {
+            uint4 wv[U][2];
 #pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int m = 0; m < MT; m++) acc[r][m] = 0.0f;
-            for (int slab = q; slab * 32 < kc; slab += U * ks) {
-                uint4 wv[U][2];
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int c = (slab + u * ks) * 32 + lane;
-                    wv[u][0] = c < kc ? w0[c] : make_uint4(0, 0, 0, 0);
-                    wv[u][1] = c < kc ? w1[c] : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int c = (slab + u * ks) * 32 + lane;
-                    if (c >= kc) continue;
-                    float wf[2][8];
-                    unpack8(wv[u][0], wf[0]);
-                    unpack8(wv[u][1], wf[1]);
-#pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        float xf[8];
-                        unpack8(xs[m * kc + c], xf);
-#pragma unroll
-                        for (int r = 0; r < 2; r++)
-#pragma unroll
-                            for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
-                    }
-                }
+            for (int u = 0; u < U; u++) {
+                const int c = (slab + u * ks) * 32 + lane;
+                wv[u][0] = c < kc ? w0[c] : make_uint4(0, 0, 0, 0);
+                wv[u][1] = c < kc ? w1[c] : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int r = 0; r < 2; r++)
+            for (int u = 0; u < U; u++) {
+                const int c = (slab + u * ks) * 32 + lane;
+                if (c >= kc) continue;
+                float wf[2][8];
+                unpack8(wv[u][0], wf[0]);
+                unpack8(wv[u][1], wf[1]);
 #pragma unroll
-                for (int m = 0; m < MT; m++) s[r][m] += warp_sum(acc[r][m]);
+                for (int m = 0; m < MT; m++) {
+                    float xf[8];
+                    unpack8(xs[m * kc + c], xf);
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+                }
+            }
         }
 #pragma unroll
         for (int r = 0; r < 2; r++)
 #pragma unroll
-            for (int m = 0; m < MT; m++)
-                if (lane == r * MT + m) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(s[r][m]);
+            for (int m = 0; m < MT; m++) {
+                const float v = warp_sum(acc[r][m]);
+                if (lane != r * MT + m) continue;
+                if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                else part[it * RM + r * MT + m] = v;
+            }
+    }
+    if (ks == 1) return;
+    csync<NW>::sync();
+    for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
+        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+        float v = 0.0f;
+        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
+        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
     }
 }
 
@@ -302,27 +334,33 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 
 __device__ __forceinline__ uint4 ldcg16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
-// block_inv_rms (kernels/rmsnorm.cuh) over the four consumer warps alone:
-// the same sums (a warp's, then the warps' in a second warp sum).
+// block_inv_rms (kernels/rmsnorm.cuh) over the consumer warps alone: the
+// same sums (a warp's, then the warps' in a second warp sum; warps past
+// rmsnorm_kernel_v3's add zeros, which changes no bit).
+template <int NW>
 __device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps) {
-    __shared__ float partial[WARPS];
+    __shared__ float partial[NW];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     v = warp_sum(v);
     if (lane == 0) partial[warp] = v;
-    csync::sync();
-    v = lane < WARPS ? partial[lane] : 0.0f;
+    csync<NW>::sync();
+    v = lane < NW ? partial[lane] : 0.0f;
     v = warp_sum(v);
-    csync::sync();  // partial[] may be reused by the next call
+    csync<NW>::sync();  // partial[] may be reused by the next call
     return rsqrtf(v / (float)n + eps);
 }
 
 // xs[m] = RMSNorm(v) * w for each row m, v = residual_in[m] (+ x[m] when x
 // is given: the fused add, whose sum block 0 stores to residual_out).
 // With `rows_out`, block 0 also stores the normed rows there.
-template <int MT>
+template <int MT, int NW>
 __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, const bf16 *w, bf16 *res_out,
                                           uint4 *xs, bf16 *rows_out, int H, float eps) {
     const int nvec = H / 8, i = threadIdx.x;
+    // The norm's weight first: it depends on no earlier phase, so its load
+    // need not wait behind the block sum's barriers.
+    bf16_vec<8> wk;
+    if (i < nvec) wk = *reinterpret_cast<const bf16_vec<8> *>(w + i * 8);
     for (int m = 0; m < MT; m++) {
         bf16_vec<8> v;
         float sum_sq = 0.0f;
@@ -343,9 +381,8 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
                 sum_sq += f * f;
             }
         }
-        const float inv_rms = consumers_inv_rms(sum_sq, H, eps);
+        const float inv_rms = consumers_inv_rms<NW>(sum_sq, H, eps);
         if (i < nvec) {
-            const bf16_vec<8> wk = *reinterpret_cast<const bf16_vec<8> *>(w + i * 8);
             bf16_vec<8> o;
 #pragma unroll
             for (int e = 0; e < 8; e++)
@@ -363,10 +400,10 @@ __device__ __forceinline__ void check_slot(int slot, long long num_slots) {
 }
 
 // A group of LANES lanes per head (D = 16 * LANES), every head of every row.
-template <int LANES>
+template <int LANES, int NW>
 __device__ __forceinline__ void rope_store(const params &p, const megakernel_layer_t &ly, int M) {
     using namespace rope_fused;
-    constexpr int VEC = 8, D = 2 * VEC * LANES, HALF = D / 2, GROUPS = CONSUMERS / LANES;
+    constexpr int VEC = 8, D = 2 * VEC * LANES, HALF = D / 2, GROUPS = cfg<NW>::CONSUMERS / LANES;
     using vec_t = pack<VEC>;
     using fvec_t = fvec<VEC>;
     const megakernel_args_t &a = p.a;
@@ -423,8 +460,14 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
 
 // ---- attention (chapter 07's decode pieces and reduction) --------------------------------
 
-template <int D, int G>
+// The pieces (kv head group, row, piece) go to the teams of DEC_THREADS
+// threads: team 0 of every block first, then team 1, ...; each team has its
+// own combine buffer (dec_piece_smem_floats) and named barrier.
+template <int D, int G, int NW>
 __device__ __forceinline__ void attention(const params &p, const megakernel_layer_t &ly, int M, float *sm) {
+    constexpr int TEAMS = cfg<NW>::TEAMS;
+    const int team = threadIdx.x / DEC_THREADS;
+    sm += team * dec_piece_smem_floats<D, G>();
     const megakernel_args_t &a = p.a;
     const int nq = a.num_heads, nkv = a.num_kv_heads, nbx = nkv * p.groups_per_kv;
     const long long row = (long long)nkv * D;
@@ -432,38 +475,41 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
                         row, a.context_lens, a.block_tables, p.block_shift, a.max_blocks};
     float *ws_o = a.attn_ws, *ws_ml = p.num_splits > 1 ? a.attn_ws + (size_t)M * nq * p.num_splits * D : NULL;
     const int tasks = nbx * M * p.num_splits;
-    for (int t = blockIdx.x; t < tasks; t += gridDim.x) {
+    for (int t = team * gridDim.x + blockIdx.x; t < tasks; t += gridDim.x * TEAMS) {
         const int bx = t % nbx, s = (t / nbx) % M, split = t / (nbx * M);
-        decode_piece_v2<D, G, dec_ld_cg, csync>(bx, s, split, p.groups_per_kv, threadIdx.x, sm,
-                                         reinterpret_cast<bf16 *>(a.attn), reinterpret_cast<const bf16 *>(a.qkv),
-                                         p.qkv_n, kv, nq, nkv, p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml);
-        csync::sync();  // sm is the next piece's
+        decode_piece_v2<D, G, dec_ld_cg, team_sync>(bx, s, split, p.groups_per_kv, threadIdx.x % DEC_THREADS, sm,
+                                                    reinterpret_cast<bf16 *>(a.attn),
+                                                    reinterpret_cast<const bf16 *>(a.qkv), p.qkv_n, kv, nq, nkv,
+                                                    p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml);
+        team_sync::sync();  // sm is the team's next piece's
     }
 }
 
-template <int D>
+template <int D, int NW>
 __device__ __forceinline__ void attention_reduce(const params &p, int M) {
     const megakernel_args_t &a = p.a;
-    const int nq = a.num_heads;
+    const int nq = a.num_heads, team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
     const float *ws_o = a.attn_ws, *ws_ml = a.attn_ws + (size_t)M * nq * p.num_splits * D;
-    for (int t = blockIdx.x; t < nq * M; t += gridDim.x)
-        if (threadIdx.x < D)
-            decode_reduce_one<dec_ld_cg>(t % nq, t / nq, threadIdx.x, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
+    for (int t = team * gridDim.x + blockIdx.x; t < nq * M; t += gridDim.x * cfg<NW>::TEAMS)
+        if (tid < D)
+            decode_reduce_one<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
                                          a.context_lens, nq, D, p.num_splits, p.split_len);
 }
 
 // ---- the GEMV inputs ------------------------------------------------------------------------
 
+template <int NW>
 __device__ __forceinline__ void stage(uint4 *xs, const bf16_t *src, int n16) {
     const uint4 *s = reinterpret_cast<const uint4 *>(src);
-    for (int i = threadIdx.x; i < n16; i += CONSUMERS) xs[i] = __ldcg(s + i);
+    for (int i = threadIdx.x; i < n16; i += cfg<NW>::CONSUMERS) xs[i] = __ldcg(s + i);
 }
 
 // xs[m][c] = SiluAndMul of gate_up's row m, chunk c (gemv_x_silu_mul's values).
+template <int NW>
 __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int M, int I) {
     const int kc = I / 8;
     const uint4 *gu = reinterpret_cast<const uint4 *>(gate_up);
-    for (int i = threadIdx.x; i < M * kc; i += CONSUMERS) {
+    for (int i = threadIdx.x; i < M * kc; i += cfg<NW>::CONSUMERS) {
         const int m = i / kc, c = i % kc;
         float g[8], u[8];
         unpack8(__ldcg(gu + (long long)m * 2 * kc + c), g);
@@ -490,17 +536,27 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // The grid barrier, and with a timeline the times around it (the profile
 // of decode_megakernel.h: each block's arrival, once all its threads are
 // there, into the barrier's max; block 0's departure).
+template <int NW>
 __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl) {
     if (tl) {
-        csync::sync();
+        csync<NW>::sync();
         if (threadIdx.x == 0) atomicMax(&tl[2 * gb->epoch], globaltimer());
     }
-    grid_barrier_sync<csync>(gb);
+    grid_barrier_sync<csync<NW>>(gb);
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (gb->epoch - 1) + 1] = globaltimer();
 }
 
-template <int MT, int D, int G>
-__global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_constant__ params p) {
+// With a timeline, block 0's times inside projection j (0 qkv, 1 o_proj,
+// 2 gate_up, 3 down) of layer l: k = 0 its input staged, 1 its weights
+// landed, 2 its GEMV done (MEGAKERNEL_TIMELINE_MARK).
+__device__ __forceinline__ void mark(unsigned long long *tl, int L, int l, int j, int k) {
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_MARK(L, l, j, k)] = globaltimer();
+}
+
+template <int MT, int D, int G, int NW>
+__global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const __grid_constant__ params p) {
+    constexpr int CONSUMERS = cfg<NW>::CONSUMERS;
+    using sync_c = csync<NW>;
     extern __shared__ __align__(128) unsigned char mk_smem[];
     const megakernel_args_t &a = p.a;
     const int H = a.hidden, I = a.intermediate, L = a.num_layers;
@@ -511,6 +567,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
     wbuf B = {bufs[1], bars + BAR_FULL + 1, bars + BAR_EMPTY + 1, 0u, 0, 0};
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
+    float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i]);
     __syncthreads();
@@ -526,75 +583,97 @@ __global__ void __launch_bounds__(THREADS, 1) decode_megakernel(const __grid_con
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
-    norm_rows<MT>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps);
+    norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps);
     for (int l = 0; l < L; l++) {
         const megakernel_layer_t ly = layers[l];
         // 1. input norm, qkv
         if (l > 0) {
-            norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.input_norm), res[(fused + 1) % 2], xs,
-                          NULL, H, eps);
+            norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.input_norm), res[(fused + 1) % 2],
+                              xs, NULL, H, eps);
             fused++;
         }
-        csync::sync();
+        sync_c::sync();
+        mark(tl, L, l, 0, 0);
         wait(A, p.qkv_n);
-        gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n);
-        release(A);
-        barrier(&gb, tl);
+        mark(tl, L, l, 0, 1);
+        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
+        release<NW>(A);
+        mark(tl, L, l, 0, 2);
+        barrier<NW>(&gb, tl);
         // 2. q/k norm, RoPE, KV store
-        rope_store<D / 16>(p, ly, MT);
-        barrier(&gb, tl);
+        rope_store<D / 16, NW>(p, ly, MT);
+        barrier<NW>(&gb, tl);
         // 3-4. attention
-        attention<D, G>(p, ly, MT, att);
-        barrier(&gb, tl);
+        attention<D, G, NW>(p, ly, MT, att);
+        barrier<NW>(&gb, tl);
         if (p.num_splits > 1) {
-            attention_reduce<D>(p, MT);
-            barrier(&gb, tl);
+            attention_reduce<D, NW>(p, MT);
+            barrier<NW>(&gb, tl);
         }
         // 5. o_proj
-        stage(xs, a.attn, MT * p.qn / 8);
-        csync::sync();
+        stage<NW>(xs, a.attn, MT * p.qn / 8);
+        sync_c::sync();
+        mark(tl, L, l, 1, 0);
         wait(B, H);
-        gemv<MT>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H);
-        release(B);
-        barrier(&gb, tl);
+        mark(tl, L, l, 1, 1);
+        gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        release<NW>(B);
+        mark(tl, L, l, 1, 2);
+        barrier<NW>(&gb, tl);
         // 6. post-attention norm, gate_up
-        norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs, NULL,
-                      H, eps);
+        norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs,
+                          NULL, H, eps);
         fused++;
-        csync::sync();
+        sync_c::sync();
+        mark(tl, L, l, 2, 0);
         wait(A, 2 * I);
-        gemv<MT>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I);
-        release(A);
-        barrier(&gb, tl);
+        mark(tl, L, l, 2, 1);
+        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        release<NW>(A);
+        mark(tl, L, l, 2, 2);
+        barrier<NW>(&gb, tl);
         // 7. SiluAndMul, down
-        stage_silu(xs, a.gate_up, MT, I);
-        csync::sync();
+        stage_silu<NW>(xs, a.gate_up, MT, I);
+        sync_c::sync();
+        mark(tl, L, l, 3, 0);
         wait(B, H);
-        gemv<MT>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H);
-        release(B);
-        barrier(&gb, tl);
+        mark(tl, L, l, 3, 1);
+        gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        release<NW>(B);
+        mark(tl, L, l, 3, 2);
+        barrier<NW>(&gb, tl);
     }
     // The final norm; block 0 writes the normed rows.
-    norm_rows<MT>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
-                  reinterpret_cast<bf16 *>(a.hidden_out), H, eps);
+    norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
+                      reinterpret_cast<bf16 *>(a.hidden_out), H, eps);
 }
 
 typedef void (*kernel_fn)(const params);
 
-template <int D, int G>
+template <int D, int G, int NW>
 static kernel_fn pick_mt(int M) {
     switch (M) {
-    case 1: return decode_megakernel<1, D, G>;
-    case 2: return decode_megakernel<2, D, G>;
-    case 4: return decode_megakernel<4, D, G>;
-    case 8: return decode_megakernel<8, D, G>;
+    case 1: return decode_megakernel<1, D, G, NW>;
+    case 2: return decode_megakernel<2, D, G, NW>;
+    case 4: return decode_megakernel<4, D, G, NW>;
+    case 8: return decode_megakernel<8, D, G, NW>;
     default: return NULL;
     }
 }
 
-static kernel_fn pick(int M, int D, int G) {
-    if (D == 128) return G == 1 ? pick_mt<128, 1>(M) : G == 2 ? pick_mt<128, 2>(M) : G == 4 ? pick_mt<128, 4>(M) : NULL;
-    if (D == 64) return G == 1 ? pick_mt<64, 1>(M) : G == 2 ? pick_mt<64, 2>(M) : G == 4 ? pick_mt<64, 4>(M) : NULL;
+// The kernel for M rows, head_dim D, GQA group G and NW consumer warps:
+// every shape at DEFAULT_NW, and the EXTRA_NW only at Qwen3-0.6B's D 128, G 2.
+constexpr int EXTRA_NW[] = {4, 16};
+static kernel_fn pick(int M, int D, int G, int NW) {
+    if (NW != DEFAULT_NW) {
+        if (D != 128 || G != 2) return NULL;
+        return NW == EXTRA_NW[0] ? pick_mt<128, 2, EXTRA_NW[0]>(M) : NW == EXTRA_NW[1] ? pick_mt<128, 2, EXTRA_NW[1]>(M)
+                                                                                     : NULL;
+    }
+    constexpr int W = DEFAULT_NW;
+    if (D == 128)
+        return G == 1 ? pick_mt<128, 1, W>(M) : G == 2 ? pick_mt<128, 2, W>(M) : G == 4 ? pick_mt<128, 4, W>(M) : NULL;
+    if (D == 64) return G == 1 ? pick_mt<64, 1, W>(M) : G == 2 ? pick_mt<64, 2, W>(M) : G == 4 ? pick_mt<64, 4, W>(M) : NULL;
     return NULL;
 }
 
@@ -624,7 +703,7 @@ typedef struct {
     mk::params p;
     mk::kernel_fn fn;
     size_t smem;
-    int blocks;
+    int blocks, threads;
 } plan_t;
 
 static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t why_len) {
@@ -637,8 +716,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (major < 9) NOPE("compute capability %d.x: the bulk copies need 9.0", major);
     const int H = a->hidden, I = a->intermediate, nq = a->num_heads, nkv = a->num_kv_heads, D = a->head_dim;
     if (M != 1 && M != 2 && M != 4 && M != 8) NOPE("%d rows (it takes 1, 2, 4 or 8)", M);
-    if (a->num_layers < 1 || H < 8 || H % 8 || H > 8 * mk::CONSUMERS)
-        NOPE("hidden size %d (it takes a multiple of 8 up to %d)", H, 8 * mk::CONSUMERS);
+    if (a->num_layers < 1 || H < 8 || H % 8 || H > 8 * DEC_THREADS)
+        NOPE("hidden size %d (it takes a multiple of 8 up to %d)", H, 8 * DEC_THREADS);
     if (D != 64 && D != 128) NOPE("head_dim %d (it takes 64 or 128)", D);
     if (nq < 1 || nkv < 1 || nq % nkv) NOPE("%d query heads over %d kv heads", nq, nkv);
     const int G = attention_g(nq / nkv);
@@ -670,16 +749,29 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
                                                                                       : share_bytes(H, I, blocks);
     int widest = H > p.qn ? H : p.qn;
     if (I > widest) widest = I;
+    // The consumer warps (MV_MEGAKERNEL_WARPS, for experiments: mk::pick says which it has).
+    const char *warps = getenv("MV_MEGAKERNEL_WARPS");
+    const int nw = warps ? atoi(warps) : mk::DEFAULT_NW;
+    if (nw < 4 || nw > 32 || nw % 4) NOPE("MV_MEGAKERNEL_WARPS=%s (a multiple of 4 up to 32)", warps);
+    pl->threads = 32 * nw + 32;
     size_t bytes_x = (size_t)M * widest * 2;
-    const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4;
+    const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4 * (size_t)(nw / 4);  // a buffer per team
     if (bytes_att > bytes_x) bytes_x = bytes_att;
+    // The GEMV's slice sums: (row pairs of a block's share) x (K slices) x 2 x M floats at most.
+    const long long most_pairs[4] = {(p.qkv_n / 2 + blocks - 1) / blocks, (H / 2 + blocks - 1) / blocks,
+                                     (I + blocks - 1) / blocks, (H / 2 + blocks - 1) / blocks};
+    const int slices[4] = {p.ks_h, p.ks_qn, p.ks_h, p.ks_i};
+    long long items = 0;
+    for (int j = 0; j < 4; j++)
+        if (most_pairs[j] * slices[j] > items) items = most_pairs[j] * slices[j];
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
-    p.off_bar = p.off_x + round128(bytes_x);
+    p.off_part = p.off_x + round128(bytes_x);
+    p.off_bar = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
-    const long c = chunk ? atol(chunk) : 8192, r = ring ? atol(ring) : 4;
+    const long c = chunk ? atol(chunk) : 4096, r = ring ? atol(ring) : 4;
     if (c < 16 || c > (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 up to 1 MiB)", chunk);
     if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);
     p.chunk = (unsigned)c;
@@ -687,8 +779,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,
              optin);
-    pl->fn = mk::pick(M, D, G);
-    if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d", M, D, G);
+    pl->fn = mk::pick(M, D, G, nw);
+    if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d with %d consumer warps", M, D, G, nw);
     pl->blocks = blocks;
     return 1;
 #undef NOPE
@@ -719,7 +811,7 @@ extern "C" int decode_megakernel_applies(const megakernel_args_t *a, const megak
     if (!a->cos_sin || !mv_aligned(a->cos_sin, 32)) return (snprintf(why, why_len, "cos/sin not 32-byte aligned"), 0);
     int per_sm = 0;
     if (cudaFuncSetAttribute((const void *)pl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pl.fn, mk::THREADS, pl.smem) || per_sm < 1) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, pl.fn, pl.threads, pl.smem) || per_sm < 1) {
         cudaGetLastError();
         return (snprintf(why, why_len, "one block of %zu bytes of shared memory does not fit an SM", pl.smem), 0);
     }
@@ -739,10 +831,10 @@ extern "C" int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStr
         CUDA_TRY(cudaMemsetAsync(a->barrier, 0, sizeof(unsigned), stream)) ||
 
         (a->timeline && CUDA_TRY(cudaMemsetAsync(a->timeline, 0,
-                                                 2 * sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_SLOTS(a->num_layers),
+                                                 sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_WORDS(a->num_layers),
                                                  stream))))
         return -1;
     void *args[] = {&pl.p};
-    return CUDA_TRY(cudaLaunchCooperativeKernel((const void *)pl.fn, dim3((unsigned)pl.blocks), dim3(mk::THREADS),
+    return CUDA_TRY(cudaLaunchCooperativeKernel((const void *)pl.fn, dim3((unsigned)pl.blocks), dim3((unsigned)pl.threads),
                                                 args, pl.smem, stream));
 }

@@ -85,14 +85,21 @@ typedef struct {
     float *attn_ws;                       // the split decode's pieces
     size_t attn_ws_bytes;
     unsigned *barrier;                    // one counter, zeroed by decode_megakernel_cuda
-    // NULL, or [2 * (MEGAKERNEL_TIMELINE_SLOTS)] for a profile of the step: for
+    // NULL, or [MEGAKERNEL_TIMELINE_WORDS] for a profile of the step: for
     // barrier i, [2i] the last block's arrival and [2i + 1] block 0's
-    // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start.
+    // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start;
+    // then the marks inside the projections (MEGAKERNEL_TIMELINE_MARK).
     unsigned long long *timeline;
 } megakernel_args_t;
 
 // Barriers a step of L layers passes at most (7 a layer), plus the start slot.
 #define MEGAKERNEL_TIMELINE_SLOTS(L) (7 * (L) + 2)
+// After the barriers' pairs, block 0's times inside each projection j (0 qkv,
+// 1 o_proj, 2 gate_up, 3 down) of layer l: k = 0 its input staged in shared
+// memory, 1 its weights landed, 2 its GEMV done.
+#define MEGAKERNEL_TIMELINE_MARK(L, l, j, k) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + ((l) * 4 + (j)) * 3 + (k))
+// Words (unsigned long long) of the whole timeline.
+#define MEGAKERNEL_TIMELINE_WORDS(L) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + 12 * (L))
 
 // 1 when the megakernel takes this model at M rows on the current device,
 // else 0 with the reason in why[why_len] (no error recorded). The weight
