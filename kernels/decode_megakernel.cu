@@ -99,7 +99,7 @@ constexpr int DEFAULT_NW = 8, MAX_RING = 8;
 template <int NW>
 struct cfg {
     static constexpr int CONSUMERS = 32 * NW, THREADS = CONSUMERS + 32, TEAMS = CONSUMERS / DEC_THREADS;
-    static_assert(NW % (DEC_THREADS / 32) == 0 && TEAMS <= 4, "whole teams, each with a named barrier (team_sync)");
+    static_assert(NW % (DEC_THREADS / 32) == 0 && NW <= 32 && TEAMS + 2 <= 16, "whole teams, named barriers");
 };
 
 // The consumers' own barrier (named barrier 1): the producer never waits
@@ -111,16 +111,10 @@ struct csync {
     }
 };
 
-// A team's barrier while attention runs (named barriers 2, 3, ..., each
-// with a constant id).
+// A team's barrier while attention runs (named barriers 2, 3, ...).
 struct team_sync {
     static __device__ __forceinline__ void sync() {
-        switch (threadIdx.x / DEC_THREADS) {
-        case 0: asm volatile("bar.sync 2, %0;" ::"n"((int)DEC_THREADS) : "memory"); break;
-        case 1: asm volatile("bar.sync 3, %0;" ::"n"((int)DEC_THREADS) : "memory"); break;
-        case 2: asm volatile("bar.sync 4, %0;" ::"n"((int)DEC_THREADS) : "memory"); break;
-        default: asm volatile("bar.sync 5, %0;" ::"n"((int)DEC_THREADS) : "memory"); break;
-        }
+        asm volatile("bar.sync %0, %1;" ::"r"(2 + (int)threadIdx.x / DEC_THREADS), "n"((int)DEC_THREADS) : "memory");
     }
 };
 
@@ -198,29 +192,24 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
     *rows = (int)(2 * (p1 - p0));
 }
 
-// The weights' two buffers and their shared-memory barriers: empty[i]
-// completes when the consumers are done reading buffer i; chunk[i][c] when
-// piece c of its current share has landed (the bulk copy's transaction
-// count), so the consumers wait on the copies' own barriers. Every fill of a
-// buffer completes each of its MAX_CHUNKS chunk barriers once (the pieces
-// past the share's end with a plain arrival), so their phase is the fill's.
-constexpr int MAX_CHUNKS = 32;
-enum { BAR_EMPTY = 0, BAR_CHUNK = 2, NUM_BARS = BAR_CHUNK + 2 * MAX_CHUNKS };
+// The weights' two buffers. Shared memory barriers: full[i] completes when
+// the producer has landed a projection's rows in buffer i, empty[i] when
+// the consumers are done reading them; ring[] paces the producer's copies.
+enum { BAR_FULL = 0, BAR_EMPTY = 2, BAR_RING = 4, NUM_BARS = BAR_RING + MAX_RING };
 
 // A buffer as the consumers see it: which rows it holds now, and how many
 // projections they have taken from it (the parity of its barriers' phases).
 struct wbuf {
     uint4 *mem;
-    uint64_t *chunks, *empty;
+    uint64_t *full, *empty;
     unsigned used;
     int row0, rows;
 };
 
-// Wait for the buffer's next projection (N rows of K): every consumer thread.
-__device__ __forceinline__ void wait(wbuf &b, int N, int K, unsigned chunk) {
+// Wait for the buffer's next projection (of N rows): every consumer thread.
+__device__ __forceinline__ void wait(wbuf &b, int N) {
     share(N, &b.row0, &b.rows);
-    const unsigned bytes = (unsigned)b.rows * (unsigned)K * 2u, n = (bytes + chunk - 1) / chunk;
-    for (unsigned c = 0; c < n; c++) mbar_wait(b.chunks + c, b.used & 1u);
+    mbar_wait(b.full, b.used & 1u);
 }
 
 // Done reading it: the producer may refill it.
@@ -240,30 +229,31 @@ __device__ __forceinline__ void release(wbuf &b) {
 __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
     const megakernel_args_t &a = p.a;
     const int H = a.hidden, I = a.intermediate, R = p.ring;
-    unsigned fills[2] = {0u, 0u};
+    uint64_t *ring = bars + BAR_RING;
+    unsigned issued = 0, fills[2] = {0u, 0u};
     for (int l = 0; l < a.num_layers; l++) {
         const megakernel_layer_t ly = a.d_layers[l];
         for (int j = 0; j < 4; j++) {
             const int buf = j & 1;
-            uint64_t *chunks = bars + BAR_CHUNK + buf * MAX_CHUNKS;
             const bf16_t *w = j == 0 ? ly.qkv : j == 1 ? ly.o_proj : j == 2 ? ly.gate_up : ly.down;
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
-            const unsigned parity = fills[buf] & 1u;
             if (fills[buf] > 0) mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
             int row0, rows;
             share(N, &row0, &rows);
-            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u, n = (bytes + p.chunk - 1) / p.chunk;
+            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
             const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
             char *dst = reinterpret_cast<char *>(bufs[buf]);
-            for (unsigned c = 0; c < n; c++) {
-                const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk;
-                if (c >= (unsigned)R) mbar_wait(chunks + c - R, parity);
-                mbar_expect(chunks + c, len);
-                bulk_copy(dst + off, src + off, len, chunks + c);
+            const unsigned first = issued;
+            for (unsigned off = 0; off < bytes; off += p.chunk) {
+                const unsigned n = bytes - off < p.chunk ? bytes - off : p.chunk, slot = issued % R;
+                if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
+                mbar_expect(ring + slot, n);
+                bulk_copy(dst + off, src + off, n, ring + slot);
+                issued++;
             }
-            for (unsigned c = n; c < (unsigned)MAX_CHUNKS; c++) mbar_arrive(chunks + c);
-            // At most R copies in flight across projections too: the last ones land first.
-            for (unsigned c = n > (unsigned)R ? n - R : 0; c < n; c++) mbar_wait(chunks + c, parity);
+            for (unsigned i = issued - first > (unsigned)R ? issued - R : first; i < issued; i++)
+                mbar_wait(ring + i % R, (i / R) & 1u);
+            mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
         }
     }
@@ -573,8 +563,8 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const float eps = a.eps;
     uint64_t *bars = reinterpret_cast<uint64_t *>(mk_smem + p.off_bar);
     uint4 *const bufs[2] = {reinterpret_cast<uint4 *>(mk_smem), reinterpret_cast<uint4 *>(mk_smem + p.off_b)};
-    wbuf A = {bufs[0], bars + BAR_CHUNK, bars + BAR_EMPTY, 0u, 0, 0};
-    wbuf B = {bufs[1], bars + BAR_CHUNK + MAX_CHUNKS, bars + BAR_EMPTY + 1, 0u, 0, 0};
+    wbuf A = {bufs[0], bars + BAR_FULL, bars + BAR_EMPTY, 0u, 0, 0};
+    wbuf B = {bufs[1], bars + BAR_FULL + 1, bars + BAR_EMPTY + 1, 0u, 0, 0};
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
@@ -604,7 +594,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         }
         sync_c::sync();
         mark(tl, L, l, 0, 0);
-        wait(A, p.qkv_n, H, p.chunk);
+        wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release<NW>(A);
@@ -624,7 +614,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         stage<NW>(xs, a.attn, MT * p.qn / 8);
         sync_c::sync();
         mark(tl, L, l, 1, 0);
-        wait(B, H, p.qn, p.chunk);
+        wait(B, H);
         mark(tl, L, l, 1, 1);
         gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release<NW>(B);
@@ -636,7 +626,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         fused++;
         sync_c::sync();
         mark(tl, L, l, 2, 0);
-        wait(A, 2 * I, H, p.chunk);
+        wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         release<NW>(A);
@@ -646,7 +636,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
         mark(tl, L, l, 3, 0);
-        wait(B, H, I, p.chunk);
+        wait(B, H);
         mark(tl, L, l, 3, 1);
         gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release<NW>(B);
@@ -762,7 +752,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // The consumer warps (MV_MEGAKERNEL_WARPS, for experiments: mk::pick says which it has).
     const char *warps = getenv("MV_MEGAKERNEL_WARPS");
     const int nw = warps ? atoi(warps) : mk::DEFAULT_NW;
-    if (nw < 4 || nw > 16 || nw % 4) NOPE("MV_MEGAKERNEL_WARPS=%s (a multiple of 4 up to 16)", warps);
+    if (nw < 4 || nw > 32 || nw % 4) NOPE("MV_MEGAKERNEL_WARPS=%s (a multiple of 4 up to 32)", warps);
     pl->threads = 32 * nw + 32;
     size_t bytes_x = (size_t)M * widest * 2;
     const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4 * (size_t)(nw / 4);  // a buffer per team
@@ -779,17 +769,11 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_part = p.off_x + round128(bytes_x);
     p.off_bar = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
-    // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for
-    // experiments). A share is at most MAX_CHUNKS copies: a smaller chunk is raised to that.
+    // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
-    long c = chunk ? atol(chunk) : 4096;
-    const long r = ring ? atol(ring) : 4;
-    if (c < 16 || c >= (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 below 1 MiB)", chunk);
+    const long c = chunk ? atol(chunk) : 4096, r = ring ? atol(ring) : 4;
+    if (c < 16 || c > (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 up to 1 MiB)", chunk);
     if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);
-    const size_t widest_share = bytes_a > bytes_b ? bytes_a : bytes_b;
-    const long least = (long)((widest_share + mk::MAX_CHUNKS - 1) / mk::MAX_CHUNKS + 15) / 16 * 16;
-    if (c < least) c = least;
-    if (c >= (1L << 20)) NOPE("a share of %zu bytes in %d copies of under 1 MiB", widest_share, mk::MAX_CHUNKS);
     p.chunk = (unsigned)c;
     p.ring = (int)r;
     if (pl->smem > (size_t)optin)
