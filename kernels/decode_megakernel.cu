@@ -17,7 +17,8 @@
  *
  * One block per SM: 8 consumer warps that compute (two teams of a decode
  * piece's DEC_THREADS while attention runs) and one producer warp whose
- * first thread streams the weights. Shared memory:
+ * first lane streams the weights; the two hand each buffer back and forth
+ * by named barriers (full / empty). Shared memory:
  *
  *   A    the block's rows of qkv_proj, then of gate_up_proj   (Qwen3-0.6B: 64 / 96 KB)
  *   B    its rows of o_proj, then of down_proj                (32 / 48 KB)
@@ -192,43 +193,59 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
     *rows = (int)(2 * (p1 - p0));
 }
 
-// The weights' two buffers. Shared memory barriers: full[i] completes when
-// the producer has landed a projection's rows in buffer i, empty[i] when
-// the consumers are done reading them; ring[] paces the producer's copies.
-enum { BAR_FULL = 0, BAR_EMPTY = 2, BAR_RING = 4, NUM_BARS = BAR_RING + MAX_RING };
+// The weights' two buffers, handed between the producer warp and the
+// consumers by named barriers of all CONSUMERS + 32 threads: full[i]
+// (barrier 6 + i) the producer arrives at when a projection's rows have
+// landed in buffer i and the consumers wait at; empty[i] (barrier 8 + i) the
+// consumers arrive at when they are done reading it and the producer waits
+// at before it refills it. At most one instance of each is open at a time:
+// neither side can get two fills ahead of the other. The ring[] of shared-
+// memory barriers (the bulk copies' transaction counts) paces the copies.
+enum { BAR_RING = 0, NUM_BARS = MAX_RING };
+enum { NB_FULL = 6, NB_EMPTY = 8 };
 
-// A buffer as the consumers see it: which rows it holds now, and how many
-// projections they have taken from it (the parity of its barriers' phases).
+template <int NW>
+__device__ __forceinline__ void nb_sync(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(cfg<NW>::THREADS) : "memory");
+}
+template <int NW>
+__device__ __forceinline__ void nb_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(cfg<NW>::THREADS) : "memory");
+}
+
+// A buffer as the consumers see it: which rows it holds now.
 struct wbuf {
     uint4 *mem;
-    uint64_t *full, *empty;
-    unsigned used;
+    int id;  // 0 (A) or 1 (B)
     int row0, rows;
 };
 
 // Wait for the buffer's next projection (of N rows): every consumer thread.
+template <int NW>
 __device__ __forceinline__ void wait(wbuf &b, int N) {
     share(N, &b.row0, &b.rows);
-    mbar_wait(b.full, b.used & 1u);
+    nb_sync<NW>(NB_FULL + b.id);
 }
 
-// Done reading it: the producer may refill it.
+// Done reading it (each thread for itself): the producer may refill it.
 template <int NW>
 __device__ __forceinline__ void release(wbuf &b) {
-    csync<NW>::sync();
-    if (threadIdx.x == 0) mbar_arrive(b.empty);
-    b.used++;
+    nb_arrive<NW>(NB_EMPTY + b.id);
 }
 
-// The producer (one thread): every projection of every layer, in the order
-// the consumers take them (qkv into buffer 0, o_proj into 1, gate_up into 0,
+// The producer warp: every projection of every layer, in the order the
+// consumers take them (qkv into buffer 0, o_proj into 1, gate_up into 0,
 // down into 1, then the next layer), each block's share in copies of
-// p.chunk bytes with at most p.ring in flight. A whole share requested at
-// once (up to 96 KB a block, 12.6 MB from all SMs) would sit in front of
-// every other access of the SM until it landed, the grid barriers' too.
+// p.chunk bytes with at most p.ring in flight, issued by its lane 0 (the
+// other lanes keep it company at the named barriers). A whole share
+// requested at once (up to 96 KB a block, 12.6 MB from all SMs) would sit in
+// front of every other access of the SM until it landed, the grid barriers'
+// too.
+template <int NW>
 __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
     const megakernel_args_t &a = p.a;
     const int H = a.hidden, I = a.intermediate, R = p.ring;
+    const bool lead = threadIdx.x % 32 == 0;
     uint64_t *ring = bars + BAR_RING;
     unsigned issued = 0, fills[2] = {0u, 0u};
     for (int l = 0; l < a.num_layers; l++) {
@@ -237,26 +254,32 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             const int buf = j & 1;
             const bf16_t *w = j == 0 ? ly.qkv : j == 1 ? ly.o_proj : j == 2 ? ly.gate_up : ly.down;
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
-            if (fills[buf] > 0) mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
+            if (fills[buf] > 0) nb_sync<NW>(NB_EMPTY + buf);
             int row0, rows;
             share(N, &row0, &rows);
-            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u;
-            const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
-            char *dst = reinterpret_cast<char *>(bufs[buf]);
-            const unsigned first = issued;
-            for (unsigned off = 0; off < bytes; off += p.chunk) {
-                const unsigned n = bytes - off < p.chunk ? bytes - off : p.chunk, slot = issued % R;
-                if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
-                mbar_expect(ring + slot, n);
-                bulk_copy(dst + off, src + off, n, ring + slot);
-                issued++;
+            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u, n = (bytes + p.chunk - 1) / p.chunk;
+            if (lead) {
+                const char *src =
+                    reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
+                char *dst = reinterpret_cast<char *>(bufs[buf]);
+                for (unsigned c = 0; c < n; c++, issued++) {
+                    const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk,
+                                   slot = issued % R;
+                    if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
+                    mbar_expect(ring + slot, len);
+                    bulk_copy(dst + off, src + off, len, ring + slot);
+                }
+                for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
+                    mbar_wait(ring + i % R, (i / R) & 1u);
             }
-            for (unsigned i = issued - first > (unsigned)R ? issued - R : first; i < issued; i++)
-                mbar_wait(ring + i % R, (i / R) & 1u);
-            mbar_arrive(bars + BAR_FULL + buf);
+            __syncwarp();
+            nb_arrive<NW>(NB_FULL + buf);
             fills[buf]++;
         }
     }
+    // The consumers' last release of each buffer.
+    nb_sync<NW>(NB_EMPTY + 0);
+    nb_sync<NW>(NB_EMPTY + 1);
 }
 
 // ---- the GEMV from shared memory (linear_gemv_kernel's sums) ---------------------------
@@ -563,16 +586,16 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const float eps = a.eps;
     uint64_t *bars = reinterpret_cast<uint64_t *>(mk_smem + p.off_bar);
     uint4 *const bufs[2] = {reinterpret_cast<uint4 *>(mk_smem), reinterpret_cast<uint4 *>(mk_smem + p.off_b)};
-    wbuf A = {bufs[0], bars + BAR_FULL, bars + BAR_EMPTY, 0u, 0, 0};
-    wbuf B = {bufs[1], bars + BAR_FULL + 1, bars + BAR_EMPTY + 1, 0u, 0, 0};
+    wbuf A = {bufs[0], 0, 0, 0};
+    wbuf B = {bufs[1], 1, 0, 0};
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i]);
     __syncthreads();
-    if (threadIdx.x >= CONSUMERS) {  // the producer warp: one thread streams, the others leave
-        if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
+    if (threadIdx.x >= CONSUMERS) {  // the producer warp
+        producer<NW>(p, bufs, bars);
         return;
     }
     grid_barrier_t gb = grid_barrier_make(a.barrier);
@@ -594,10 +617,11 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         }
         sync_c::sync();
         mark(tl, L, l, 0, 0);
-        wait(A, p.qkv_n);
+        wait<NW>(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release<NW>(A);
+        if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl);
         // 2. q/k norm, RoPE, KV store
@@ -614,10 +638,11 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         stage<NW>(xs, a.attn, MT * p.qn / 8);
         sync_c::sync();
         mark(tl, L, l, 1, 0);
-        wait(B, H);
+        wait<NW>(B, H);
         mark(tl, L, l, 1, 1);
         gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release<NW>(B);
+        if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
         barrier<NW>(&gb, tl);
         // 6. post-attention norm, gate_up
@@ -626,20 +651,22 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         fused++;
         sync_c::sync();
         mark(tl, L, l, 2, 0);
-        wait(A, 2 * I);
+        wait<NW>(A, 2 * I);
         mark(tl, L, l, 2, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         release<NW>(A);
+        if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
         barrier<NW>(&gb, tl);
         // 7. SiluAndMul, down
         stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
         mark(tl, L, l, 3, 0);
-        wait(B, H);
+        wait<NW>(B, H);
         mark(tl, L, l, 3, 1);
         gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release<NW>(B);
+        if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
         barrier<NW>(&gb, tl);
     }
