@@ -657,7 +657,7 @@ def render_megakernel():
     d = runs[1, 1]
     out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
            f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
-           f"(`tests/gpu/megakernel.sh`): the decode graphs of the unfused kernels (the default) and with the "
+           f"(`tests/gpu/megakernel.sh`): the decode graphs of the unfused kernels (`MV_MEGAKERNEL=0`) and with the "
            f"megakernel (`MV_MEGAKERNEL=1`), alternated. Output tok/s, median of 3 (min - max), and the median time "
            f"per output token:",
            "", "| round | unfused graphs | megakernel | megakernel / unfused |", "| --- | ---: | ---: | ---: |"]
@@ -686,6 +686,48 @@ def render_megakernel():
         for name, a, b in rows:
             out.append(f"| {name} | {a:.2f} | {b:.2f} | {a + b:.2f} |")
         out.append(f"| a layer | {work:.2f} | {wait:.2f} | {work + wait:.2f} |")
+        b0 = next((i for i, l in enumerate(lines) if l.startswith("  block 0 in the projections")), None)
+        if b0 is not None:
+            out += ["", "Inside each projection's phase, block 0's own times (the mean over the layers, in us): from "
+                    "the barrier before it to its input staged in shared memory (the norm, or the attention output, "
+                    "or SiluAndMul), then to its share of the weights landed (the wait for the producer), then to "
+                    "its GEMV done by all its warps:", "",
+                    "| projection | input | weights | GEMV |", "| --- | ---: | ---: | ---: |"]
+            for l in lines[b0 + 1:]:
+                g = BLOCK0_LINE.match(l)
+                if not g:
+                    break
+                out.append(f"| {g.group(1)} | {g.group(2)} | {g.group(3)} | {g.group(4)} |")
+    return "\n".join(out) + "\n"
+
+
+BLOCK0_LINE = re.compile(r"^    (\S+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)$")
+SWEEP_JSON = re.compile(r"^09-engine\.mk1\.sweep-(\d+)-(\d+)-(\d+)\.json$")
+
+
+def render_megakernel_sweep():
+    """The megakernel's consumer warps and the producer's pacing, one stream each
+    (json/09-engine.mk1.sweep-CHUNK-RING-WARPS.json, from megakernel.sh's SWEEP)."""
+    rows = []
+    for path in sorted(glob.glob(os.path.join(JSON_DIR, "09-engine.mk1.sweep-*.json"))):
+        m = SWEEP_JSON.match(os.path.basename(path))
+        d = load(os.path.basename(path))
+        if m and d:
+            rows.append((int(m.group(3)), int(m.group(1)), int(m.group(2)), d))
+    if not rows:
+        return None
+    rows.sort(key=lambda r: (r[0] != 8, r[0], r[1], r[2]))
+    d = rows[0][3]
+    out = [f"`MV_MEGAKERNEL=1 MV_MEGAKERNEL_PROFILE=1 MV_MEGAKERNEL_WARPS=W MV_MEGAKERNEL_CHUNK=C MV_MEGAKERNEL_RING=R "
+           f"minivllm bench ... --num-seqs 1 --prompt-len 512 --output-len 256 --repeat 2` on **{d['gpu']}**, "
+           f"{d['date'][:10]} (`SWEEP=... bash tests/gpu/megakernel.sh`; the run's tree was labelled "
+           f"`{d['commit']}`: its kernel is the one of commit 8476775, which these figures chose). Output tok/s, "
+           f"median of 2 (min - max), with the profile's timers on:", "",
+           "| consumer warps | bytes a copy | copies in flight | in flight a block | output tok/s | TPOT |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for w, c, r, d in rows:
+        out.append(f"| {w} | {c:,} | {r} | {c * r // 1024} KB | {d['output_tok_s']:,.0f} ({d['output_tok_s_min']:,.0f} - "
+                   f"{d['output_tok_s_max']:,.0f}) | {d['tpot_ms']['p50']:.3f} ms |")
     return "\n".join(out) + "\n"
 
 
@@ -762,6 +804,9 @@ def blocks():
     mk = render_megakernel()
     if mk:
         out["09-engine:megakernel"] = ("09-engine.mk1.single.1.json", mk)
+    sweep = render_megakernel_sweep()
+    if sweep:
+        out["09-engine:megakernel-sweep"] = ("09-engine.mk1.sweep-4096-4-8.json", sweep)
     serving = render_serving()
     if serving:
         out["09-engine:serving"] = ("09-serving.rate-inf.json", serving)
