@@ -35,10 +35,9 @@
  * next layer's qkv during the down projection; B with down during the
  * post-attention norm, with the next o_proj during the next qkv. It copies
  * a share in pieces of 4 KB with at most 4 in flight (16 KB a block, 2 MB
- * GPU-wide). The first version requested a whole share at once (up to 96 KB
- * a block, 12.6 MB GPU-wide), and that burst sat in front of every later
- * access of the SM, the grid barrier's polls included: the barriers after a
- * refill took 1.8-3.6 us against 0.8.
+ * GPU-wide): a whole share requested at once (up to 96 KB a block, 12.6 MB
+ * GPU-wide) would sit in front of every later access of the SM, the grid
+ * barrier's polls included (docs/09-engine.md, "A decode megakernel").
  *
  * The phases of a layer and the grid barriers between them:
  *
