@@ -1,0 +1,206 @@
+/*
+ * tests/gpu/racecheck_probe.cu - the decode megakernel's two shared-memory
+ * patterns that compute-sanitizer's racecheck reports (docs/09-engine.md,
+ * "A decode megakernel"), each alone in a small kernel, so that racecheck's
+ * verdict on the pattern can be told apart from a bug in the megakernel.
+ *
+ *   nvcc -I. -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/gpu/racecheck_probe.cu \
+ *        -o build/racecheck_probe
+ *   ./build/racecheck_probe VARIANT            (checks its own results: exit 1 on a wrong sum)
+ *   compute-sanitizer --tool racecheck ./build/racecheck_probe VARIANT
+ *
+ * (tests/gpu/racecheck_probe.sh runs every variant under racecheck and
+ * synccheck and prints one line each.) One block, ROUNDS rounds.
+ *
+ * The block sum (the megakernel's consumers_inv_rms): lane 0 of each of 8
+ * warps writes its warp's sum to a __shared__ float[8], a barrier, every
+ * thread reads the 8 and sums them, a barrier.
+ *   sum-sync       256 threads, __syncthreads                     (the baseline)
+ *   sum-named      256 threads, bar.sync 1, 256                   (a named barrier, nobody else)
+ *   sum-producer   288 threads, bar.sync 1, 256 among the first 256; the ninth warp
+ *                  waits at bar.sync 2, 288 for the end (the megakernel's layout)
+ *
+ * The weight buffer (the megakernel's producer and consumers): 4 KB pieces
+ * of a 64 KB global array into a 16 KB shared buffer by cp.async.bulk, each
+ * piece completing on an mbarrier; 256 consumer threads sum the buffer.
+ *   copy-direct    thread 0 issues the copy, every thread waits on its
+ *                  mbarrier, __syncthreads before the next copy         (the first megakernel)
+ *   copy-named     the ninth warp's lane 0 issues and waits on the mbarrier,
+ *                  then arrives at named barrier 6 (288: "full"), the consumers
+ *                  wait there, read, and arrive at named barrier 8 ("empty"),
+ *                  which the ninth warp waits at before the next copy (the megakernel now)
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(x)                                                                  \
+    do {                                                                       \
+        cudaError_t e_ = (x);                                                  \
+        if (e_ != cudaSuccess) {                                               \
+            printf("%s: %s\n", #x, cudaGetErrorString(e_));                    \
+            exit(1);                                                           \
+        }                                                                      \
+    } while (0)
+
+constexpr int ROUNDS = 64, CONSUMERS = 256, THREADS = CONSUMERS + 32;
+constexpr int PIECE = 4096, BUF = 16384, SRC = 65536;
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int MODE>  // 0 __syncthreads, 1 bar.sync 1, 256
+__device__ __forceinline__ void consumers_sync() {
+    if (MODE == 0) __syncthreads();
+    else asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+
+// out[r] = the block sum of round r's values (thread t's value: t + r).
+template <int MODE>
+__global__ void sum_kernel(float *out) {
+    __shared__ float partial[8];
+    if (threadIdx.x >= CONSUMERS) {  // sum-producer: the ninth warp waits for the end
+        asm volatile("bar.sync 2, %0;" ::"n"(THREADS) : "memory");
+        return;
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int r = 0; r < ROUNDS; r++) {
+        float v = warp_sum((float)(threadIdx.x + r));
+        if (lane == 0) partial[warp] = v;
+        consumers_sync<MODE>();
+        v = lane < 8 ? partial[lane] : 0.0f;
+        v = warp_sum(v);
+        consumers_sync<MODE>();
+        if (threadIdx.x == 0) out[r] = v;
+    }
+    if (blockDim.x == THREADS) asm volatile("bar.sync 2, %0;" ::"n"(THREADS) : "memory");
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+}
+
+// The sum of the source's floats, one piece of it a round (round r: piece
+// r % (SRC / PIECE) into slot r % (BUF / PIECE) of the buffer): out[r].
+// MODE 0 copy-direct, 1 copy-named.
+template <int MODE>
+__global__ void copy_kernel(const float *src, float *out) {
+    __shared__ __align__(128) float buf[BUF / 4];
+    __shared__ uint64_t bar;
+    __shared__ float partial[8];
+    if (threadIdx.x == 0) mbar_init(&bar);
+    __syncthreads();
+    const int pieces = SRC / PIECE, slots = BUF / PIECE, n = PIECE / 4;
+    if (MODE == 1 && threadIdx.x >= CONSUMERS) {  // the producer warp
+        for (int r = 0; r < ROUNDS; r++) {
+            if (r > 0) asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // empty
+            if (threadIdx.x == CONSUMERS) {
+                mbar_copy(buf + (r % slots) * n, src + (size_t)(r % pieces) * n, PIECE, &bar);
+                mbar_wait(&bar, (unsigned)r & 1u);
+            }
+            __syncwarp();
+            asm volatile("bar.arrive 6, %0;" ::"n"(THREADS) : "memory");  // full
+        }
+        asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // the last release
+        return;
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int r = 0; r < ROUNDS; r++) {
+        if (MODE == 0) {
+            if (threadIdx.x == 0) mbar_copy(buf + (r % slots) * n, src + (size_t)(r % pieces) * n, PIECE, &bar);
+            mbar_wait(&bar, (unsigned)r & 1u);
+        } else {
+            asm volatile("bar.sync 6, %0;" ::"n"(THREADS) : "memory");  // full
+        }
+        const float *p = buf + (r % slots) * n;
+        float v = 0.0f;
+        for (int i = threadIdx.x; i < n; i += CONSUMERS) v += p[i];
+        if (MODE == 1) asm volatile("bar.arrive 8, %0;" ::"n"(THREADS) : "memory");  // empty: reads done
+        v = warp_sum(v);
+        if (lane == 0) partial[warp] = v;
+        consumers_sync<MODE>();
+        v = lane < 8 ? partial[lane] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) out[r] = v;
+        if (MODE == 0) __syncthreads();  // every read done before thread 0 refills
+        else asm volatile("bar.sync 1, 256;" ::: "memory");  // partial[] free again
+    }
+}
+
+int main(int argc, char **argv) {
+    const char *v = argc > 1 ? argv[1] : "";
+    const char *names[] = {"sum-sync", "sum-named", "sum-producer", "copy-direct", "copy-named"};
+    int k = -1;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(v, names[i])) k = i;
+    if (k < 0) {
+        fprintf(stderr, "usage: %s sum-sync|sum-named|sum-producer|copy-direct|copy-named\n", argv[0]);
+        return 2;
+    }
+    int dev = 0, major = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (k >= 3 && major < 9) {
+        fprintf(stderr, "%s: the bulk copies need compute capability 9.0 (this GPU: %d.x)\n", v, major);
+        return 2;
+    }
+    float *d_out = NULL, *d_src = NULL;
+    CK(cudaMalloc(&d_out, ROUNDS * sizeof(float)));
+    CK(cudaMalloc(&d_src, SRC));
+    float h_src[SRC / 4];
+    for (int i = 0; i < SRC / 4; i++) h_src[i] = (float)(i % 97);  // small integers: every sum exact in fp32
+    CK(cudaMemcpy(d_src, h_src, SRC, cudaMemcpyHostToDevice));
+    switch (k) {
+    case 0: sum_kernel<0><<<1, CONSUMERS>>>(d_out); break;
+    case 1: sum_kernel<1><<<1, CONSUMERS>>>(d_out); break;
+    case 2: sum_kernel<1><<<1, THREADS>>>(d_out); break;
+    case 3: copy_kernel<0><<<1, CONSUMERS>>>(d_src, d_out); break;
+    default: copy_kernel<1><<<1, THREADS>>>(d_src, d_out); break;
+    }
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    float h_out[ROUNDS];
+    CK(cudaMemcpy(h_out, d_out, sizeof h_out, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        double want = 0;
+        if (k < 3)
+            for (int t = 0; t < CONSUMERS; t++) want += t + r;
+        else
+            for (int i = 0; i < PIECE / 4; i++) want += h_src[(r % (SRC / PIECE)) * (PIECE / 4) + i];
+        if (h_out[r] != (float)want) {
+            if (bad++ < 3) printf("%s: round %d: %.1f, expected %.1f\n", v, r, h_out[r], want);
+        }
+    }
+    printf("%s: %d rounds, %s\n", v, ROUNDS, bad ? "WRONG SUMS" : "sums right");
+    CK(cudaFree(d_out));
+    CK(cudaFree(d_src));
+    return bad ? 1 : 0;
+}
