@@ -80,6 +80,7 @@
 #include "kernels/attention.h"
 #include "kernels/common.cuh"
 #include "kernels/grid_barrier.cuh"
+#include "kernels/mbarrier.cuh"
 #include "kernels/linear.h"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope_fused.cuh"
@@ -99,7 +100,8 @@ constexpr int DEFAULT_NW = 8, MAX_RING = 8;
 template <int NW>
 struct cfg {
     static constexpr int CONSUMERS = 32 * NW, THREADS = CONSUMERS + 32, TEAMS = CONSUMERS / DEC_THREADS;
-    static_assert(NW % (DEC_THREADS / 32) == 0 && NW <= 32 && TEAMS + 2 <= 16, "whole teams, named barriers");
+    // Named barriers: 1 the consumers', 2 .. 1 + TEAMS the teams', 6 .. 9 the buffers' (NB_FULL, NB_EMPTY).
+    static_assert(NW % (DEC_THREADS / 32) == 0 && TEAMS + 2 <= 6, "whole teams, below the buffers' barriers");
 };
 
 // The consumers' own barrier (named barrier 1): the producer never waits
@@ -132,57 +134,9 @@ struct params {
     int ring;                        // copies it keeps in flight
 };
 
-// ---- the bulk copy engine and its barriers (sm_90) -----------------------------------
+// ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
 
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-#endif
-}
-
-// Expect `bytes` on the barrier (one arrival: its phase completes when that
-// many bytes have landed). Thread 0 only.
-__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-#endif
-}
-
-// `bytes` bytes (a multiple of 16) from src into dst by the bulk copy
-// engine, completing on the barrier. Thread 0 only.
-__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-#else
-    (void)dst, (void)src, (void)bytes, (void)bar;
-#endif
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
-#endif
-}
+using namespace mv_mbar;
 
 // A block's share of a projection of N rows: row pairs [p0, p1) of N / 2.
 __device__ __forceinline__ void share(int N, int *row0, int *rows) {
@@ -778,7 +732,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // The consumer warps (MV_MEGAKERNEL_WARPS, for experiments: mk::pick says which it has).
     const char *warps = getenv("MV_MEGAKERNEL_WARPS");
     const int nw = warps ? atoi(warps) : mk::DEFAULT_NW;
-    if (nw < 4 || nw > 32 || nw % 4) NOPE("MV_MEGAKERNEL_WARPS=%s (a multiple of 4 up to 32)", warps);
+    if (nw < 4 || nw > 16 || nw % 4) NOPE("MV_MEGAKERNEL_WARPS=%s (a multiple of 4 up to 16)", warps);
     pl->threads = 32 * nw + 32;
     size_t bytes_x = (size_t)M * widest * 2;
     const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4 * (size_t)(nw / 4);  // a buffer per team
@@ -798,7 +752,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
     const long c = chunk ? atol(chunk) : 4096, r = ring ? atol(ring) : 4;
-    if (c < 16 || c > (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 up to 1 MiB)", chunk);
+    // (An mbarrier's transaction count holds less than 1 MiB.)
+    if (c < 16 || c >= (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 below 1 MiB)", chunk);
     if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);
     p.chunk = (unsigned)c;
     p.ring = (int)r;

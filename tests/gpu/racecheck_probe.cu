@@ -36,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/mbarrier.cuh"
+
 #define CK(x)                                                                  \
     do {                                                                       \
         cudaError_t e_ = (x);                                                  \
@@ -80,31 +82,12 @@ __global__ void sum_kernel(float *out) {
     if (blockDim.x == THREADS) asm volatile("bar.sync 2, %0;" ::"n"(THREADS) : "memory");
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+using namespace mv_mbar;
 
-__device__ __forceinline__ void mbar_init(uint64_t *bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
+// The megakernel's copy: expect the bytes, then issue the bulk copy.
 __device__ __forceinline__ void mbar_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
+    mbar_expect(bar, bytes);
+    bulk_copy(dst, src, bytes, bar);
 }
 
 // The sum of the source's floats, one piece of it a round (round r: piece

@@ -1,0 +1,67 @@
+/*
+ * kernels/mbarrier.cuh - shared-memory mbarriers and the bulk copy engine
+ * (cp.async.bulk, compute capability 9.0), as the decode megakernel uses
+ * them: one arrival a phase, the copy's bytes counted on the barrier.
+ * Below sm_90 the functions compile to nothing (callers check the GPU).
+ * Used by kernels/decode_megakernel.cu and tests/gpu/racecheck_probe.cu.
+ */
+#ifndef MV_KERNELS_MBARRIER_CUH
+#define MV_KERNELS_MBARRIER_CUH
+
+#include <stdint.h>
+
+namespace mv_mbar {
+
+__device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+#endif
+}
+
+// Expect `bytes` on the barrier (one arrival: its phase completes when that
+// many bytes have landed). Thread 0 only.
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+                 : "memory");
+#endif
+}
+
+// `bytes` bytes (a multiple of 16) from src into dst by the bulk copy
+// engine, completing on the barrier. Thread 0 only.
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+#endif
+}
+
+}  // namespace mv_mbar
+
+#endif
