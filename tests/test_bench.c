@@ -499,6 +499,55 @@ Test(bench, json_names_commit_machine_and_times) {
     cJSON_Delete(j);
 }
 
+// --step-trace: a header, then one line per step of every timed run, numbered; the query tokens
+// sum to the prompts plus every generated token but each request's last (it is sampled, never
+// run), the sampled rows to the outputs, and a run's steps are the JSON's.
+Test(bench, step_trace_has_every_timed_step) {
+    char tr[] = "/tmp/mv_bench_trace_XXXXXX", out[16384], args[256];
+    int fd = mkstemp(tr);
+    cr_assert(fd >= 0);
+    close(fd);
+    snprintf(args, sizeof args, "--num-seqs 3 --prompt-len 5 --output-len 4 --repeat 2 --step-trace %s", tr);
+    cJSON *j = bench_json(args, out, sizeof out);
+    FILE *f = fopen(tr, "r");
+    cr_assert_not_null(f);
+    char line[512];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_expect_str_eq(line, "rep,step,rows,prefill_rows,tokens,context_tokens,sampled,runner_us,host_us\n");
+    long tokens[3] = {0}, sampled[3] = {0}, steps[3] = {0};
+    int rep, step, rows, prefill, tok, smp, last_step = -1, last_rep = 1;
+    long long ctx;
+    double runner_us, host_us;
+    while (fgets(line, sizeof line, f)) {
+        cr_assert_eq(sscanf(line, "%d,%d,%d,%d,%d,%lld,%d,%lf,%lf", &rep, &step, &rows, &prefill, &tok, &ctx, &smp,
+                            &runner_us, &host_us),
+                     9, "bad trace line: %s", line);
+        cr_assert(rep == 1 || rep == 2, "rep %d", rep);
+        if (rep != last_rep) last_step = -1, last_rep = rep;
+        cr_expect_eq(step, last_step + 1, "steps are numbered in order: %s", line);
+        last_step = step;
+        cr_expect(rows >= 1 && rows <= 3 && prefill <= rows && tok >= rows && ctx >= tok && smp <= rows, "%s", line);
+        cr_expect(runner_us > 0 && host_us >= 0, "%s", line);
+        tokens[rep] += tok, sampled[rep] += smp, steps[rep]++;
+    }
+    fclose(f);
+    unlink(tr);
+    for (int r = 1; r <= 2; r++) {
+        cr_expect_eq(tokens[r], 3 * 5 + 3 * 3, "run %d: query tokens", r);
+        cr_expect_eq(sampled[r], 3 * 4, "run %d: sampled rows", r);
+        cr_expect_eq(steps[r], (long)num(j, "steps"), "run %d: steps", r);
+    }
+    cJSON_Delete(j);
+    // A path that cannot be written fails at once, naming it.
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "./%s/minivllm bench --model %s --num-seqs 1 --min-len 2 --max-len 3 --step-trace /nonexistent-dir/t.csv "
+             "2>&1",
+             MV_BUILD_DIR, TINY);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 1, "%s", out);
+    cr_expect(strstr(out, "--step-trace /nonexistent-dir/t.csv") != NULL, "%s", out);
+}
+
 // The --json path is opened before the model loads: on Qwen3-0.6B's shapes, drawing random
 // weights would take seconds, so an answer within one proves the order.
 Test(bench, bad_json_path_fails_before_loading) {

@@ -7,7 +7,7 @@
  *   minivllm bench --model DIR --input FILE.jsonl
  *   minivllm bench --model DIR --latency [--batch 1,8,64] [--prompt-len 512] [--output-len 256]
  *       and in every mode [--repeat 3] [--no-warmup] [--sampling greedy|qwen3|file]
- *       [--temperature T] [--top-k K] [--top-p P] [--seed 0] [--json FILE]
+ *       [--temperature T] [--top-k K] [--top-p P] [--seed 0] [--json FILE] [--step-trace FILE]
  *
  * Three workloads:
  *   drawn      num-seqs requests, each with a prompt length and an output
@@ -95,6 +95,13 @@
  * checked before anything loads, so a bad path costs nothing, and the file
  * is written whole or not at all (FILE.tmp-PID, renamed when complete).
  *
+ * --step-trace FILE: one CSV line per step of every timed run (rep counts the
+ * timed runs from 1, across --latency's batch sizes): its rows, prefill rows,
+ * query tokens, context tokens (the keys its attention reads), sampled rows,
+ * the microseconds inside the model runner (staging, the GPU's work and the
+ * wait for it) and the engine's own host work. The file is opened before the
+ * load (a bad path fails at once) and holds what finished if a run stops.
+ *
  * A request that fails while timed (logits with no finite value) fails the
  * benchmark, naming it: the workload timed would not be the one asked for.
  * Generated ids the tokenizer does not know (padding rows, when DIR has a
@@ -133,7 +140,8 @@ static const char BENCH_USAGE[] =
     "       minivllm bench --model DIR --input FILE.jsonl\n"
     "       minivllm bench --model DIR --latency [--batch 1,8,64] [--prompt-len 512] [--output-len 256]\n"
     "         in every mode: [--repeat N] [--no-warmup] [--sampling greedy|qwen3|file] [--temperature T]\n"
-    "                        [--top-k K] [--top-p P] [--seed S] [--json FILE] [--device cpu|cuda] [engine sizes...]\n"
+    "                        [--top-k K] [--top-p P] [--seed S] [--json FILE] [--step-trace FILE]\n"
+    "                        [--device cpu|cuda] [engine sizes...]\n"
     "\n"
     "Time the engine. By default on N requests whose prompt and output lengths are drawn uniformly\n"
     "from [--min-len, --max-len] (or fixed by --prompt-len / --output-len), with random prompt ids,\n"
@@ -147,6 +155,8 @@ static const char BENCH_USAGE[] =
     "output) as median, min and max; load, warm-up and wall seconds apart. --sampling qwen3 samples\n"
     "with generation_config.json's values (Qwen3: temperature 0.6, top_k 20, top_p 0.95).\n"
     "--json FILE writes every figure with the command line, commit, date, GPU and host.\n"
+    "--step-trace FILE writes one CSV line per timed step (rep,step,rows,prefill_rows,tokens,\n"
+    "context_tokens,sampled,runner_us,host_us): where each step's time went.\n"
     "--random-weights draws the weights from --seed instead of reading them: DIR then needs only\n"
     "config.json.";
 
@@ -154,7 +164,7 @@ enum { BENCH_MAX_BATCHES = 16 };
 
 typedef struct {
     const char *model, *num_seqs, *min_len, *max_len, *prompt_len, *output_len, *seed, *json;
-    const char *input, *repeat, *sampling, *temperature, *top_k, *top_p, *batch;
+    const char *input, *repeat, *sampling, *temperature, *top_k, *top_p, *batch, *step_trace;
     cli_engine_args_t eng;
     int random_weights, latency, no_warmup;
 } bench_args_t;
@@ -210,6 +220,8 @@ typedef struct {
     int ignore_eos;               // 1 all, 0 none, -1 mixed
     int stopped;                  // 1: a signal stopped it; repeat / n_groups then count what finished
     int has_tokenizer;            // DIR has one: unknown ids are counted
+    FILE *step_trace;             // --step-trace: every timed step, as CSV (engine_t.step_trace)
+    int traced_runs;              // timed runs written to it so far
 } bench_t;
 
 static double now_s(void) {
@@ -496,9 +508,12 @@ static int time_group(const bench_t *b, engine_t *e, const engine_request_t *req
     const engine_hooks_t hooks = {.stop = &cli_stop_signal};
     *reps_done = 0;
     for (int r = 0; !rc && r < R; r++) {
+        e->step_trace = b->step_trace;
+        e->step_trace_rep = b->step_trace ? ++((bench_t *)b)->traced_runs : 0;
         double t0 = now_s();
         rc = engine_run(e, reqs, n, outs, &hooks);
         double dt = now_s() - t0;
+        e->step_trace = NULL;
         if (rc == ENGINE_STOPPED) engine_outputs_free(outs, n);
         if (rc) break;
         int bad = failed_request(e, outs, n);
@@ -1093,8 +1108,21 @@ static void bench_free(bench_t *b) {
 // Options parsed and checked: check --json's path, read --input, run, report.
 static int bench_main(const bench_args_t *a, bench_t *b, int argc, char **argv) {
     if (a->json && cli_atomic_check(a->json)) return cli_error("bench", CLI_FAIL, "--json: %s", mv_last_error());
+    if (a->step_trace) {
+        b->step_trace = fopen(a->step_trace, "w");
+        if (!b->step_trace)
+            return cli_error("bench", CLI_FAIL, "--step-trace %s: %s", a->step_trace, strerror(errno));
+        fprintf(b->step_trace, "%s\n", engine_step_trace_header);
+    }
     int rc = b->work == WORK_INPUT ? read_input(b) : 0;
     if (!rc) rc = run(b);
+    if (b->step_trace) {
+        const int bad = ferror(b->step_trace);
+        if (fclose(b->step_trace) || bad) {
+            if (!rc) rc = mv_error("--step-trace %s: write failed", a->step_trace);
+        }
+        b->step_trace = NULL;
+    }
     const int have = b->n_groups > 0 && b->repeat > 0;  // after a stop, something finished
     if (!rc && a->json && have) rc = write_json(b, a->json, argc, argv);
     if (rc) return cli_error("bench", CLI_FAIL, "%s", mv_last_error());
@@ -1135,6 +1163,8 @@ int cmd_bench(int argc, char **argv) {
          &a.seed, NULL},
         {"--json", "FILE", "also write every figure, the command line, commit, date, GPU and host as JSON", &a.json,
          NULL},
+        {"--step-trace", "FILE", "one CSV line per timed step: its rows, tokens, context and microseconds",
+         &a.step_trace, NULL},
     };
     enum { N_OWN = sizeof own / sizeof *own };
     cli_opt_t opts[N_OWN + CLI_ENGINE_N_OPTS];

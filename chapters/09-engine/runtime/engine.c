@@ -749,9 +749,20 @@ int engine_core_step(engine_core_t *c) {
         if (!r->failed) c->hooks.on_token(c->hooks.ctx, r->user, c->sampled[k], stop, lp);
     }
     int rc = collect_finished(c);
-    c->st.host_s += now_s() - t_post;
+    const double t_end = now_s();
+    c->st.host_s += t_end - t_post;
+    if (e->step_trace) {
+        long long ctx = 0;
+        for (int i = 0; i < st->num_seqs; i++) ctx += st->context_lens[i];
+        fprintf(e->step_trace, "%d,%lld,%d,%d,%d,%lld,%d,%.1f,%.1f\n", e->step_trace_rep, c->st.num_steps - 1,
+                st->num_seqs, st->num_prefill_rows, st->num_tokens, ctx, st->num_sample, 1e6 * (t_post - t_run),
+                1e6 * ((t_run - t_host) + (t_end - t_post)));
+    }
     return rc;
 }
+
+const char engine_step_trace_header[] =
+    "rep,step,rows,prefill_rows,tokens,context_tokens,sampled,runner_us,host_us";
 
 // ---- engine_run: a batch, all added at once, through the core ---------------------------------
 

@@ -48,6 +48,7 @@
 #define MV_ENGINE_H
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "chapters/08-scheduler/sched/scheduler.h"
@@ -172,7 +173,15 @@ typedef struct engine {
     int num_failed;              // of those, ended with an error (finish_reason "error")
     long long num_unknown_tokens;  // generated ids the tokenizer does not know (see engine_output_t)
     int stopped;                 // 1: the last run stopped early at the hooks' stop flag
+    // Optional, the caller's: one CSV line per step (engine_step_trace_header's
+    // columns), the step's shape and where its time went; `minivllm bench
+    // --step-trace`. step_trace_rep is written in the first column.
+    FILE *step_trace;
+    int step_trace_rep;
 } engine_t;
+
+// The columns of engine_t.step_trace's lines, for its first line.
+extern const char engine_step_trace_header[];
 
 // Optional hook: called with each sampled row's logits [vocab] before sampling.
 // gen_index = how many tokens that request had generated before this one.
