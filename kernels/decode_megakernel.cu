@@ -18,7 +18,7 @@
  * One block per SM: 8 consumer warps that compute (two teams of a decode
  * piece's DEC_THREADS while attention runs) and one producer warp whose
  * first lane streams the weights; the two hand each buffer back and forth
- * by named barriers (full / empty). Shared memory:
+ * by mbarriers in shared memory (full / empty). Shared memory:
  *
  *   A    the block's rows of qkv_proj, then of gate_up_proj   (Qwen3-0.6B: 64 / 96 KB)
  *   B    its rows of o_proj, then of down_proj                (32 / 48 KB)
@@ -100,8 +100,8 @@ constexpr int DEFAULT_NW = 8, MAX_RING = 8;
 template <int NW>
 struct cfg {
     static constexpr int CONSUMERS = 32 * NW, THREADS = CONSUMERS + 32, TEAMS = CONSUMERS / DEC_THREADS;
-    // Named barriers: 1 the consumers', 2 .. 1 + TEAMS the teams', 6 .. 9 the buffers' (NB_FULL, NB_EMPTY).
-    static_assert(NW % (DEC_THREADS / 32) == 0 && TEAMS + 2 <= 6, "whole teams, below the buffers' barriers");
+    // Named barriers: 1 the consumers', 2 .. 1 + TEAMS the teams' (16 in hardware).
+    static_assert(NW % (DEC_THREADS / 32) == 0 && TEAMS + 2 <= 16, "whole teams, within the named barriers");
 };
 
 // The consumers' own barrier (named barrier 1): the producer never waits
@@ -146,59 +146,47 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
     *rows = (int)(2 * (p1 - p0));
 }
 
-// The weights' two buffers, handed between the producer warp and the
-// consumers by named barriers of all CONSUMERS + 32 threads: full[i]
-// (barrier 6 + i) the producer arrives at when a projection's rows have
-// landed in buffer i and the consumers wait at; empty[i] (barrier 8 + i) the
-// consumers arrive at when they are done reading it and the producer waits
-// at before it refills it. At most one instance of each is open at a time:
-// neither side can get two fills ahead of the other. The ring[] of shared-
-// memory barriers (the bulk copies' transaction counts) paces the copies.
-enum { BAR_RING = 0, NUM_BARS = MAX_RING };
-enum { NB_FULL = 6, NB_EMPTY = 8 };
+// The weights' two buffers, handed between the producer and the consumers
+// by shared-memory mbarriers: full[i], of one arrival, the producer arrives
+// at when a projection's rows have landed in buffer i, and the consumers
+// wait on; empty[i], of CONSUMERS arrivals, every consumer thread arrives at
+// when it is done reading the buffer, and the producer waits on before it
+// refills it. The k-th fill of a buffer is phase k of both (parity k & 1):
+// neither side can get two fills ahead of the other. The ring[] of barriers
+// (the bulk copies' transaction counts) paces the copies.
+enum { BAR_RING = 0, BAR_FULL = MAX_RING, BAR_EMPTY = MAX_RING + 2, BAR_NORM = MAX_RING + 4, NUM_BARS = MAX_RING + 6 };
 
-template <int NW>
-__device__ __forceinline__ void nb_sync(int id) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(cfg<NW>::THREADS) : "memory");
-}
-template <int NW>
-__device__ __forceinline__ void nb_arrive(int id) {
-    asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(cfg<NW>::THREADS) : "memory");
-}
-
-// A buffer as the consumers see it: which rows it holds now.
+// A buffer as the consumers see it: which rows it holds now, and how many
+// fills of it they have read.
 struct wbuf {
     uint4 *mem;
-    int id;  // 0 (A) or 1 (B)
+    uint64_t *full, *empty;
+    unsigned uses;
     int row0, rows;
 };
 
 // Wait for the buffer's next projection (of N rows): every consumer thread.
-template <int NW>
 __device__ __forceinline__ void wait(wbuf &b, int N) {
     share(N, &b.row0, &b.rows);
-    nb_sync<NW>(NB_FULL + b.id);
+    mbar_wait(b.full, b.uses & 1u);
 }
 
 // Done reading it (each thread for itself): the producer may refill it.
-template <int NW>
 __device__ __forceinline__ void release(wbuf &b) {
-    nb_arrive<NW>(NB_EMPTY + b.id);
+    mbar_arrive(b.empty);
+    b.uses++;
 }
 
-// The producer warp: every projection of every layer, in the order the
-// consumers take them (qkv into buffer 0, o_proj into 1, gate_up into 0,
-// down into 1, then the next layer), each block's share in copies of
-// p.chunk bytes with at most p.ring in flight, issued by its lane 0 (the
-// other lanes keep it company at the named barriers). A whole share
-// requested at once (up to 96 KB a block, 12.6 MB from all SMs) would sit in
-// front of every other access of the SM until it landed, the grid barriers'
-// too.
-template <int NW>
+// The producer, lane 0 of the last warp (the other lanes have nothing to
+// do): every projection of every layer, in the order the consumers take
+// them (qkv into buffer 0, o_proj into 1, gate_up into 0, down into 1, then
+// the next layer), each block's share in copies of p.chunk bytes with at
+// most p.ring in flight. A whole share requested at once (up to 96 KB a
+// block, 12.6 MB from all SMs) would sit in front of every other access of
+// the SM until it landed, the grid barriers' too.
 __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
     const megakernel_args_t &a = p.a;
     const int H = a.hidden, I = a.intermediate, R = p.ring;
-    const bool lead = threadIdx.x % 32 == 0;
     uint64_t *ring = bars + BAR_RING;
     unsigned issued = 0, fills[2] = {0u, 0u};
     for (int l = 0; l < a.num_layers; l++) {
@@ -207,32 +195,25 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             const int buf = j & 1;
             const bf16_t *w = j == 0 ? ly.qkv : j == 1 ? ly.o_proj : j == 2 ? ly.gate_up : ly.down;
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
-            if (fills[buf] > 0) nb_sync<NW>(NB_EMPTY + buf);
+            if (fills[buf] > 0) mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
             int row0, rows;
             share(N, &row0, &rows);
             const unsigned bytes = (unsigned)rows * (unsigned)K * 2u, n = (bytes + p.chunk - 1) / p.chunk;
-            if (lead) {
-                const char *src =
-                    reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
-                char *dst = reinterpret_cast<char *>(bufs[buf]);
-                for (unsigned c = 0; c < n; c++, issued++) {
-                    const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk,
-                                   slot = issued % R;
-                    if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
-                    mbar_expect(ring + slot, len);
-                    bulk_copy(dst + off, src + off, len, ring + slot);
-                }
-                for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
-                    mbar_wait(ring + i % R, (i / R) & 1u);
+            const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
+            char *dst = reinterpret_cast<char *>(bufs[buf]);
+            for (unsigned c = 0; c < n; c++, issued++) {
+                const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk;
+                const unsigned slot = issued % R;
+                if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
+                mbar_expect(ring + slot, len);
+                bulk_copy(dst + off, src + off, len, ring + slot);
             }
-            __syncwarp();
-            nb_arrive<NW>(NB_FULL + buf);
+            for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
+                mbar_wait(ring + i % R, (i / R) & 1u);
+            mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
         }
     }
-    // The consumers' last release of each buffer.
-    nb_sync<NW>(NB_EMPTY + 0);
-    nb_sync<NW>(NB_EMPTY + 1);
 }
 
 // ---- the GEMV from shared memory (linear_gemv_kernel's sums) ---------------------------
@@ -310,19 +291,33 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 
 __device__ __forceinline__ uint4 ldcg16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
+// The norms' block sums meet at two mbarriers of CONSUMERS arrivals, used in
+// turn, each with its own warp sums: call k writes partial[k % 2] and meets
+// at norm[k % 2] (phase k / 2). Call k + 2 may overwrite partial[k % 2]
+// only once its thread has passed call k + 1's meeting, which every thread
+// reaches after its reads of call k. (One named barrier before and one after
+// the reads did the same, but compute-sanitizer's racecheck reported
+// hazards on partial[] across them here, though not in the same pattern
+// alone: tests/gpu/racecheck_probe.cu, sum-producer.)
+struct norm_sync {
+    uint64_t *bars;  // norm[0], norm[1]
+    unsigned calls;
+};
+
 // block_inv_rms (kernels/rmsnorm.cuh) over the consumer warps alone: the
 // same sums (a warp's, then the warps' in a second warp sum; warps past
 // rmsnorm_kernel_v3's add zeros, which changes no bit).
 template <int NW>
-__device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps) {
-    __shared__ float partial[NW];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+__device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps, norm_sync &ns) {
+    __shared__ float partial[2][NW];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, b = (int)(ns.calls & 1u);
     v = warp_sum(v);
-    if (lane == 0) partial[warp] = v;
-    csync<NW>::sync();
-    v = lane < NW ? partial[lane] : 0.0f;
+    if (lane == 0) partial[b][warp] = v;
+    mbar_arrive(ns.bars + b);
+    mbar_wait(ns.bars + b, (ns.calls >> 1) & 1u);
+    v = lane < NW ? partial[b][lane] : 0.0f;
     v = warp_sum(v);
-    csync<NW>::sync();  // partial[] may be reused by the next call
+    ns.calls++;
     return rsqrtf(v / (float)n + eps);
 }
 
@@ -331,7 +326,7 @@ __device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps) {
 // With `rows_out`, block 0 also stores the normed rows there.
 template <int MT, int NW>
 __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, const bf16 *w, bf16 *res_out,
-                                          uint4 *xs, bf16 *rows_out, int H, float eps) {
+                                          uint4 *xs, bf16 *rows_out, int H, float eps, norm_sync &ns) {
     const int nvec = H / 8, i = threadIdx.x;
     // The norm's weight first: it depends on no earlier phase, so its load
     // need not wait behind the block sum's barriers.
@@ -357,7 +352,7 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
                 sum_sq += f * f;
             }
         }
-        const float inv_rms = consumers_inv_rms<NW>(sum_sq, H, eps);
+        const float inv_rms = consumers_inv_rms<NW>(sum_sq, H, eps, ns);
         if (i < nvec) {
             bf16_vec<8> o;
 #pragma unroll
@@ -539,16 +534,16 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const float eps = a.eps;
     uint64_t *bars = reinterpret_cast<uint64_t *>(mk_smem + p.off_bar);
     uint4 *const bufs[2] = {reinterpret_cast<uint4 *>(mk_smem), reinterpret_cast<uint4 *>(mk_smem + p.off_b)};
-    wbuf A = {bufs[0], 0, 0, 0};
-    wbuf B = {bufs[1], 1, 0, 0};
+    wbuf A = {bufs[0], bars + BAR_FULL + 0, bars + BAR_EMPTY + 0, 0u, 0, 0};
+    wbuf B = {bufs[1], bars + BAR_FULL + 1, bars + BAR_EMPTY + 1, 0u, 0, 0};
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
-        for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i]);
+        for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY ? CONSUMERS : 1);
     __syncthreads();
-    if (threadIdx.x >= CONSUMERS) {  // the producer warp
-        producer<NW>(p, bufs, bars);
+    if (threadIdx.x >= CONSUMERS) {  // the producer warp's lane 0; its other lanes are done
+        if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
         return;
     }
     grid_barrier_t gb = grid_barrier_make(a.barrier);
@@ -559,21 +554,22 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
-    norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps);
+    norm_sync ns = {bars + BAR_NORM, 0u};
+    norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps, ns);
     for (int l = 0; l < L; l++) {
         const megakernel_layer_t ly = layers[l];
         // 1. input norm, qkv
         if (l > 0) {
             norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.input_norm), res[(fused + 1) % 2],
-                              xs, NULL, H, eps);
+                              xs, NULL, H, eps, ns);
             fused++;
         }
         sync_c::sync();
         mark(tl, L, l, 0, 0);
-        wait<NW>(A, p.qkv_n);
+        wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
-        release<NW>(A);
+        release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl);
@@ -591,23 +587,23 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         stage<NW>(xs, a.attn, MT * p.qn / 8);
         sync_c::sync();
         mark(tl, L, l, 1, 0);
-        wait<NW>(B, H);
+        wait(B, H);
         mark(tl, L, l, 1, 1);
         gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
-        release<NW>(B);
+        release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
         barrier<NW>(&gb, tl);
         // 6. post-attention norm, gate_up
         norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs,
-                          NULL, H, eps);
+                          NULL, H, eps, ns);
         fused++;
         sync_c::sync();
         mark(tl, L, l, 2, 0);
-        wait<NW>(A, 2 * I);
+        wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
         gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
-        release<NW>(A);
+        release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
         barrier<NW>(&gb, tl);
@@ -615,17 +611,17 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
         mark(tl, L, l, 3, 0);
-        wait<NW>(B, H);
+        wait(B, H);
         mark(tl, L, l, 3, 1);
         gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
-        release<NW>(B);
+        release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
         barrier<NW>(&gb, tl);
     }
     // The final norm; block 0 writes the normed rows.
     norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
-                      reinterpret_cast<bf16 *>(a.hidden_out), H, eps);
+                      reinterpret_cast<bf16 *>(a.hidden_out), H, eps, ns);
 }
 
 typedef void (*kernel_fn)(const params);

@@ -1,7 +1,8 @@
 /*
  * kernels/mbarrier.cuh - shared-memory mbarriers and the bulk copy engine
  * (cp.async.bulk, compute capability 9.0), as the decode megakernel uses
- * them: one arrival a phase, the copy's bytes counted on the barrier.
+ * them: the copies' barriers take one arrival a phase and count the bytes;
+ * the hand-over barriers take one arrival from each thread that signals.
  * Below sm_90 the functions compile to nothing (callers check the GPU).
  * Used by kernels/decode_megakernel.cu and tests/gpu/racecheck_probe.cu.
  */
@@ -14,13 +15,15 @@ namespace mv_mbar {
 
 __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+// A phase completes after `count` arrivals (and, with mbar_expect, its bytes).
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count = 1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
 
+// Arrive (release: this thread's earlier accesses happen before the phase completes).
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
@@ -50,6 +53,7 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 #endif
 }
 
+// Wait until the phase of this parity has completed (acquire).
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     unsigned done = 0;

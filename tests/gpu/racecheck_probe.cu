@@ -28,7 +28,18 @@
  *   copy-named     the ninth warp's lane 0 issues and waits on the mbarrier,
  *                  then arrives at named barrier 6 (288: "full"), the consumers
  *                  wait there, read, and arrive at named barrier 8 ("empty"),
- *                  which the ninth warp waits at before the next copy (the megakernel now)
+ *                  which the ninth warp waits at before the next copy (the
+ *                  megakernel until the mbarrier hand-over)
+ *   copy-named-early  the same, the consumers sleeping ~4 us before "full", so
+ *                  that the producer's arrival comes first and it waits at
+ *                  "empty" while "full" is still open (the megakernel's order)
+ *   copy-named-late   the same, the producer sleeping ~4 us before "empty", so
+ *                  that the consumers' block sum runs while "empty" is open
+ *   copy-mbar      the hand-over by mbarriers (the megakernel now): lane 0 of
+ *                  the ninth warp arrives at a "full" mbarrier once the copy
+ *                  has landed, every consumer waits on it, reads, and arrives
+ *                  at an "empty" mbarrier of 256 arrivals that lane 0 waits on
+ *                  before the next copy; both sides sleep as in the two above
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -90,61 +101,99 @@ __device__ __forceinline__ void mbar_copy(void *dst, const void *src, unsigned b
     bulk_copy(dst, src, bytes, bar);
 }
 
+// About `ns` nanoseconds of doing nothing (the early / late variants).
+__device__ __forceinline__ void doze(unsigned ns) {
+    for (unsigned t = 0; t < ns; t += 1000) __nanosleep(1000);
+}
+
+enum { COPY_DIRECT, COPY_NAMED, COPY_NAMED_EARLY, COPY_NAMED_LATE, COPY_MBAR };
+
 // The sum of the source's floats, one piece of it a round (round r: piece
 // r % (SRC / PIECE) into slot r % (BUF / PIECE) of the buffer): out[r].
-// MODE 0 copy-direct, 1 copy-named.
 template <int MODE>
 __global__ void copy_kernel(const float *src, float *out) {
     __shared__ __align__(128) float buf[BUF / 4];
-    __shared__ uint64_t bar;
+    __shared__ uint64_t bar, full, empty;
     __shared__ float partial[8];
-    if (threadIdx.x == 0) mbar_init(&bar);
+    if (threadIdx.x == 0) {
+        mbar_init(&bar);
+        mbar_init(&full);
+        mbar_init(&empty, CONSUMERS);
+    }
     __syncthreads();
     const int pieces = SRC / PIECE, slots = BUF / PIECE, n = PIECE / 4;
-    if (MODE == 1 && threadIdx.x >= CONSUMERS) {  // the producer warp
-        for (int r = 0; r < ROUNDS; r++) {
-            if (r > 0) asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // empty
-            if (threadIdx.x == CONSUMERS) {
+    const bool named = MODE == COPY_NAMED || MODE == COPY_NAMED_EARLY || MODE == COPY_NAMED_LATE;
+    const bool late = MODE == COPY_NAMED_LATE || MODE == COPY_MBAR;
+    const bool early = MODE == COPY_NAMED_EARLY || MODE == COPY_MBAR;
+    if (MODE != COPY_DIRECT && threadIdx.x >= CONSUMERS) {  // the producer warp
+        if constexpr (MODE == COPY_MBAR) {  // lane 0 alone
+            if (threadIdx.x != CONSUMERS) return;
+            for (int r = 0; r < ROUNDS; r++) {
+                if (r > 0) {
+                    doze(4000);
+                    mbar_wait(&empty, (unsigned)(r - 1) & 1u);
+                }
                 mbar_copy(buf + (r % slots) * n, src + (size_t)(r % pieces) * n, PIECE, &bar);
                 mbar_wait(&bar, (unsigned)r & 1u);
+                mbar_arrive(&full);
             }
-            __syncwarp();
-            asm volatile("bar.arrive 6, %0;" ::"n"(THREADS) : "memory");  // full
+            return;
+        } else {
+            for (int r = 0; r < ROUNDS; r++) {
+                if (r > 0) {
+                    if (late) doze(4000);
+                    asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // empty
+                }
+                if (threadIdx.x == CONSUMERS) {
+                    mbar_copy(buf + (r % slots) * n, src + (size_t)(r % pieces) * n, PIECE, &bar);
+                    mbar_wait(&bar, (unsigned)r & 1u);
+                }
+                __syncwarp();
+                asm volatile("bar.arrive 6, %0;" ::"n"(THREADS) : "memory");  // full
+            }
+            asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // the last release
+            return;
         }
-        asm volatile("bar.sync 8, %0;" ::"n"(THREADS) : "memory");  // the last release
-        return;
     }
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int r = 0; r < ROUNDS; r++) {
-        if (MODE == 0) {
+        if (early) doze(4000);
+        if (MODE == COPY_DIRECT) {
             if (threadIdx.x == 0) mbar_copy(buf + (r % slots) * n, src + (size_t)(r % pieces) * n, PIECE, &bar);
             mbar_wait(&bar, (unsigned)r & 1u);
+        } else if (MODE == COPY_MBAR) {
+            mbar_wait(&full, (unsigned)r & 1u);
         } else {
             asm volatile("bar.sync 6, %0;" ::"n"(THREADS) : "memory");  // full
         }
         const float *p = buf + (r % slots) * n;
         float v = 0.0f;
         for (int i = threadIdx.x; i < n; i += CONSUMERS) v += p[i];
-        if (MODE == 1) asm volatile("bar.arrive 8, %0;" ::"n"(THREADS) : "memory");  // empty: reads done
+        if (named) asm volatile("bar.arrive 8, %0;" ::"n"(THREADS) : "memory");  // empty: reads done
+        if (MODE == COPY_MBAR) mbar_arrive(&empty);
         v = warp_sum(v);
         if (lane == 0) partial[warp] = v;
-        consumers_sync<MODE>();
+        consumers_sync<MODE == COPY_DIRECT ? 0 : 1>();
         v = lane < 8 ? partial[lane] : 0.0f;
         v = warp_sum(v);
         if (threadIdx.x == 0) out[r] = v;
-        if (MODE == 0) __syncthreads();  // every read done before thread 0 refills
+        if (MODE == COPY_DIRECT) __syncthreads();  // every read done before thread 0 refills
         else asm volatile("bar.sync 1, 256;" ::: "memory");  // partial[] free again
     }
 }
 
 int main(int argc, char **argv) {
     const char *v = argc > 1 ? argv[1] : "";
-    const char *names[] = {"sum-sync", "sum-named", "sum-producer", "copy-direct", "copy-named"};
+    const char *names[] = {"sum-sync",         "sum-named",       "sum-producer", "copy-direct", "copy-named",
+                           "copy-named-early", "copy-named-late", "copy-mbar"};
+    const int n_names = (int)(sizeof names / sizeof *names);
     int k = -1;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < n_names; i++)
         if (!strcmp(v, names[i])) k = i;
     if (k < 0) {
-        fprintf(stderr, "usage: %s sum-sync|sum-named|sum-producer|copy-direct|copy-named\n", argv[0]);
+        fprintf(stderr, "usage: %s VARIANT, one of:", argv[0]);
+        for (int i = 0; i < n_names; i++) fprintf(stderr, " %s", names[i]);
+        fprintf(stderr, "\n");
         return 2;
     }
     int dev = 0, major = 0;
@@ -164,8 +213,11 @@ int main(int argc, char **argv) {
     case 0: sum_kernel<0><<<1, CONSUMERS>>>(d_out); break;
     case 1: sum_kernel<1><<<1, CONSUMERS>>>(d_out); break;
     case 2: sum_kernel<1><<<1, THREADS>>>(d_out); break;
-    case 3: copy_kernel<0><<<1, CONSUMERS>>>(d_src, d_out); break;
-    default: copy_kernel<1><<<1, THREADS>>>(d_src, d_out); break;
+    case 3: copy_kernel<COPY_DIRECT><<<1, CONSUMERS>>>(d_src, d_out); break;
+    case 4: copy_kernel<COPY_NAMED><<<1, THREADS>>>(d_src, d_out); break;
+    case 5: copy_kernel<COPY_NAMED_EARLY><<<1, THREADS>>>(d_src, d_out); break;
+    case 6: copy_kernel<COPY_NAMED_LATE><<<1, THREADS>>>(d_src, d_out); break;
+    default: copy_kernel<COPY_MBAR><<<1, THREADS>>>(d_src, d_out); break;
     }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());

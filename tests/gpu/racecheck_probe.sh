@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu/racecheck_probe.sh - tests/gpu/racecheck_probe.cu's five variants, each run plain (its
+# tests/gpu/racecheck_probe.sh - tests/gpu/racecheck_probe.cu's eight variants, each run plain (its
 # sums checked) and under compute-sanitizer racecheck and synccheck: one line each, on the GPU machine.
 #   bash tests/gpu/racecheck_probe.sh
 # Leaves racecheck_probe.<variant>.<tool>.log under $OUT.
@@ -10,7 +10,7 @@ nvcc -I. -O3 -std=c++17 -lineinfo -gencode=arch=compute_90,code=sm_90 tests/gpu/
   -o build/racecheck_probe || { echo "racecheck_probe: BUILD FAILED"; exit 1; }
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 status=0
-for v in sum-sync sum-named sum-producer copy-direct copy-named; do
+for v in sum-sync sum-named sum-producer copy-direct copy-named copy-named-early copy-named-late copy-mbar; do
   plain=$(timeout 30 ./build/racecheck_probe "$v" 2>&1 | tail -1) || status=1
   line="$v: $plain"
   for tool in racecheck synccheck; do
