@@ -305,8 +305,17 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
                   stream);
     } else {
         if (check_vec16(fn, q, q_stride, kv.k, kv.k_stride, kv.v, kv.v_stride)) return -1;
-        const int splits = num_splits ? num_splits
-                                      : attention_decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size);
+        // Version 4 (automatic count only): where the batch alone just fills
+        // the GPU, DEC_BALANCE_SPLITS pieces of at least DEC_MIN_PIECE keys
+        // (attention_decode.cuh, decode_balanced).
+        int splits = num_splits, row_piece = version >= 3 ? 1 : 0;
+        if (!splits) {
+            splits = attention_decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size);
+            if (version == 4 && decode_balanced(num_seqs, num_kv_heads, splits, mv_num_sms())) {
+                splits = DEC_BALANCE_SPLITS;
+                row_piece = DEC_MIN_PIECE;
+            }
+        }
         const size_t need = attention_decode_workspace_bytes(num_seqs, num_heads, head_dim, splits);
         if (need > 0 && (!d_workspace || workspace_bytes < need))
             return mv_error("%s: %d splits need %zu bytes of workspace, got %zu%s", fn, splits, need, workspace_bytes,
@@ -314,7 +323,7 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
         if (need > 0 && !mv_aligned(d_workspace, 16))
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
         if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, version == 3, stream))
+                             scale, splits, (float *)d_workspace, row_piece, stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());

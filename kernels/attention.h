@@ -60,6 +60,13 @@
  *              device: the engine's, for decode graphs, which are launched with
  *              max_model_len as the bound. At one stream of 515 keys and 16
  *              pieces, 9 pieces of 64 keys instead of 3 of 256.
+ *   decode  4  version 3 with pieces for a batch of mixed lengths: with the
+ *              automatic count (num_splits 0), where the batch's (row, kv
+ *              head) blocks number 2 to 8 a SM (version 3 leaves those
+ *              unsplit), 8 pieces of at least 256 keys, so that the longest
+ *              row's block does not hold up the layer (unsplit, a block reads
+ *              ~34 keys a microsecond: 60 us for 2,048 keys). Elsewhere, and
+ *              with an explicit num_splits, version 3.
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H
@@ -76,8 +83,8 @@ extern "C" {
 
 #define ATTN_PREFILL_NUM_VERSIONS 3
 #define ATTN_PREFILL_FAST 3  // the version the engine uses
-#define ATTN_DECODE_NUM_VERSIONS 3
-#define ATTN_DECODE_FAST 3   // the version the engine uses
+#define ATTN_DECODE_NUM_VERSIONS 4
+#define ATTN_DECODE_FAST 4   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64
 
 const char *attention_prefill_version_name(int version);

@@ -69,10 +69,12 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4 &v, float f[8]) {
 //   ws_o [S, H, num_splits, D], ws_ml [S, H, num_splits, 2] (num_splits > 1).
 // The keys of one piece. split_len > 0: that many, the same for every
 // sequence (version 2: cut from the launch's max_context_len on the host).
-// split_len = -TILE (version 3): each sequence's own context cut into
-// num_splits pieces of whole tiles, on the device, so a short context in a
-// launch bounded by max_model_len (a decode CUDA graph) still spreads over
-// every piece instead of filling the first few.
+// split_len = -P (versions 3 and 4, P a multiple of the tile): each
+// sequence's own context cut into num_splits pieces of whole multiples of P
+// keys, at least P, on the device, so a short context in a launch bounded by
+// max_model_len (a decode CUDA graph) still spreads over every piece instead
+// of filling the first few (version 3: P = the tile; version 4 on a full
+// GPU: P = DEC_MIN_PIECE, so that a short row is not cut into tiny pieces).
 __device__ __forceinline__ int decode_piece_len(int split_len, int ctx, int num_splits) {
     if (split_len > 0) return split_len;
     const int tile = -split_len, per = (ctx + num_splits - 1) / num_splits;
@@ -327,14 +329,35 @@ static int decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len
     return splits < 1 ? 1 : (int)splits;
 }
 
+// Version 4's pieces where the batch alone just fills the GPU: from the
+// (row, kv head) blocks version 3 leaves unsplit (two a SM) up to eight a
+// SM, DEC_BALANCE_SPLITS pieces of at least DEC_MIN_PIECE keys, so that no
+// block reads more than an eighth of its row's context or DEC_MIN_PIECE
+// keys, whichever is longer. Unsplit, a block reads about 34 keys a
+// microsecond (chapter 07's 1 x 1024 unsplit), so in a batch of mixed
+// lengths the longest row's one block can outlast the rest of the layer's
+// attention. Above eight blocks a SM the batch's own blocks even out and
+// the pieces' extra blocks and reduction cost more than they save (the
+// band was measured on nano-vllm's workload: docs/09-engine.md).
+enum { DEC_BALANCE_SPLITS = 8 };
+static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, int num_sms) {
+    const long long ctas = (long long)num_seqs * num_kv_heads, sms = num_sms > 0 ? num_sms : 132;
+    return splits == 1 && ctas >= 2 * sms && ctas <= 8 * sms;
+}
+
+// row_piece: 0 = pieces cut from max_context_len on the host (version 2);
+// > 0 = each row's own context cut on the device into pieces of at least
+// row_piece keys, rounded up to whole tiles (versions 3 and 4).
 template <int D, int G>
 static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int per_row, cudaStream_t stream) {
+                               int row_piece, cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
-    const int split_len = per_row ? -TILE : per_piece <= 0 ? TILE : (per_piece + TILE - 1) / TILE * TILE;
+    const int split_len = row_piece > 0   ? -((row_piece + TILE - 1) / TILE * TILE)
+                          : per_piece <= 0 ? TILE
+                                           : (per_piece + TILE - 1) / TILE * TILE;
     float *ws_o = workspace;
     float *ws_ml = num_splits > 1 ? workspace + (size_t)num_seqs * H * num_splits * D : NULL;
     const int groups_per_kv = H / Hkv / G;
@@ -353,25 +376,25 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
 template <int D>
 static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int per_row, cudaStream_t stream) {
+                               int row_piece, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
-        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
     else if (group % 4 == 0)
-        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
     else if (group % 2 == 0)
-        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
     else
-        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
 }
 
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            int per_row, cudaStream_t stream) {
+                            int row_piece, cudaStream_t stream) {
     if (D == 128)
-        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
     else
-        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, per_row, stream);
+        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
     return 0;
 }
 #endif  // MV_DECODE_DEVICE_ONLY

@@ -77,6 +77,7 @@ static const kernel_version_t ATTN_DECODE_VERSION_TABLE[] = {
     {1, "v1-naive-block-per-head"},
     {2, "v2-gqa-split"},
     {3, "v3-gqa-split-per-row"},
+    {4, "v4-gqa-balanced-pieces"},
     {0, NULL},
 };
 

@@ -40,7 +40,9 @@
  *      prefix, up to 64 decode pieces); the launchers' refusals.
  *   5. Timing at Qwen3-0.6B's heads: decode 256 x 1024 (target: 75% of the
  *      measured copy bandwidth, counting the K and V bytes), 1 x 1024,
- *      1 x 16384 (split against unsplit), 64 x 4096; causal prefill 16 x 1024,
+ *      1 x 16384 (split against unsplit), 64 x 4096, and batches of mixed
+ *      lengths (256 and 64 rows of U[100, 2048] keys: version 4's pieces
+ *      against the longest row's one block); causal prefill 16 x 1024,
  *      1 x 8192, 64 x 256 in TFLOP/s against the measured GEMM rate. At these
  *      sizes every flash version (2, 3) is checked against version 1 first.
  *
@@ -237,6 +239,7 @@ static tolerance_t tol_vs_v1(int flash, double max_abs_v) {
 // (each with stride 2 * Hkv * D, so a stride other than the row is exercised).
 typedef struct {
     int S, H, Hkv, D, bs, nb, mb, T_q, T_k, max_ctx, max_n;
+    long long sum_ctx;  // dcase_make_big: the keys decode reads, over every sequence
     long long q_stride, kv_stride;
     bf16_t *q;          // [T_q, q_stride]
     bf16_t *q_dec;      // [S, q_stride]: each sequence's last query row
@@ -419,7 +422,7 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
     // Version 3 the same, and with the bound of a decode graph (pieces cut
     // from each sequence's own context: the bound must change nothing).
     const int splits[3] = {1, 3, 0};
-    for (int v = 2; v <= 3; v++) {
+    for (int v = 2; v <= 4; v++) {
         for (int i = 0; i < 3; i++) {
             r = (run_t){RUN_DECODE, v, splits[i], d.max_ctx, &d};
             check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
@@ -532,7 +535,10 @@ static void check_gpu_rejections(harness_t *h) {
 // A large batch built straight on the device (no CPU reference at these
 // sizes: version 2 is checked against version 1 instead). Every sequence
 // has n new tokens over ctx keys; blocks handed out in a random order.
-static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int H, int Hkv, int D, int bs) {
+// min_ctx > 0: decode contexts drawn from U[min_ctx, ctx], a batch of mixed lengths (the cache and the
+// prefill arrays still hold ctx a sequence).
+static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int min_ctx, int H, int Hkv, int D,
+                           int bs) {
     memset(d, 0, sizeof *d);
     d->S = S, d->H = H, d->Hkv = Hkv, d->D = D, d->bs = bs, d->max_ctx = ctx, d->max_n = n;
     d->T_q = S * n, d->T_k = S * ctx;
@@ -565,7 +571,11 @@ static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int H,
     int32_t *cu_q = mv_xmalloc(sizeof(int32_t) * (S + 1)), *cu_k = mv_xmalloc(sizeof(int32_t) * (S + 1));
     int32_t *lens = mv_xmalloc(sizeof(int32_t) * S), *tables = mv_xmalloc(sizeof(int32_t) * (size_t)d->nb);
     for (int s = 0; s <= S; s++) cu_q[s] = s * n, cu_k[s] = s * ctx;
-    for (int s = 0; s < S; s++) lens[s] = ctx;
+    d->sum_ctx = 0;
+    for (int s = 0; s < S; s++) {
+        lens[s] = min_ctx > 0 && min_ctx < ctx ? rng_int(rng, min_ctx, ctx) : ctx;
+        d->sum_ctx += lens[s];
+    }
     for (int i = 0; i < d->nb; i++) tables[i] = i;
     for (int i = d->nb - 1; i > 0; i--) {
         const int j = rng_int(rng, 0, i);
@@ -602,18 +612,24 @@ static float *gpu_reference(const run_t *r) {
 
 // Decode at S x ctx, Qwen3-0.6B heads: version 2 (automatic splits, and
 // unsplit when that splits) checked against version 1, then all timed.
-// Bytes: every K and V element of every context once,
-// S * ctx * Hkv * D * 2 bytes * 2 (q and out are 1/ctx of that).
-static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_pct) {
+// min_ctx > 0: each context drawn from U[min_ctx, ctx] (a batch of mixed
+// lengths, as a serving engine's). Bytes: every K and V element of every
+// context once, sum(ctx) * Hkv * D * 2 bytes * 2 (q and out are 1/ctx of that).
+static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, double target_pct) {
     const int H = 16, Hkv = 8, D = 128, bs = 16;
     dcase_t d;
-    dcase_make_big(&d, rng, S, 1, ctx, H, Hkv, D, bs);
-    char case_name[48], shape[96];
-    snprintf(case_name, sizeof case_name, "decode %dx%d", S, ctx);
+    dcase_make_big(&d, rng, S, 1, ctx, min_ctx, H, Hkv, D, bs);
+    char case_name[48], shape[112];
+    if (min_ctx > 0) snprintf(case_name, sizeof case_name, "decode %dx%d-%d", S, min_ctx, ctx);
+    else snprintf(case_name, sizeof case_name, "decode %dx%d", S, ctx);
     const int auto_splits = attention_decode_num_splits(S, Hkv, ctx, bs);
-    snprintf(shape, sizeof shape, "S=%d ctx=%d H=%d/%d D=%d bs=%d auto splits %d", S, ctx, H, Hkv, D, bs,
-             auto_splits);
-    const double bytes = (double)S * ctx * Hkv * D * 2.0 * 2.0;
+    snprintf(shape, sizeof shape, "S=%d ctx=%s%d H=%d/%d D=%d bs=%d auto splits %d", S, min_ctx > 0 ? "U[" : "",
+             min_ctx > 0 ? min_ctx : ctx, H, Hkv, D, bs, auto_splits);
+    if (min_ctx > 0) {
+        const size_t len = strlen(shape);
+        snprintf(shape + len, sizeof shape - len, " (ctx<=%d, sum %lld)", ctx, d.sum_ctx);
+    }
+    const double bytes = (double)d.sum_ctx * Hkv * D * 2.0 * 2.0;
     run_t r1 = {RUN_DECODE, 1, 0, ctx, &d};
     float *ref = gpu_reference(&r1);
     const tolerance_t tol = tol_vs_v1(0, d.max_abs_v);
@@ -631,14 +647,16 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, double target_
     // As a decode CUDA graph launches it: max_context_len = the engine's
     // max_model_len (4096 here, or the context when longer), and the pieces
     // that bound gives. Version 2 cuts them from the bound, version 3 from
-    // each sequence's context.
+    // each sequence's context; version 4 takes its own automatic count.
     const int bound = ctx > 4096 ? ctx : 4096, graph_splits = attention_decode_num_splits(S, Hkv, bound, bs);
-    for (int v = 2; v <= 3; v++) {
+    for (int v = 2; v <= 4; v++) {
         if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
-        run_t rg = {RUN_DECODE, v, graph_splits, bound, &d};
+        run_t rg = {RUN_DECODE, v, v == 4 ? 0 : graph_splits, bound, &d};
         check_run(h, case_name, &rg, ref, tol, shape, 0);
-        snprintf(label, sizeof label, "%s, %d split%s, bound %d", attention_decode_version_name(v), graph_splits,
-                 graph_splits > 1 ? "s" : "", bound);
+        if (v == 4) snprintf(label, sizeof label, "%s, automatic, bound %d", attention_decode_version_name(v), bound);
+        else
+            snprintf(label, sizeof label, "%s, %d split%s, bound %d", attention_decode_version_name(v), graph_splits,
+                     graph_splits > 1 ? "s" : "", bound);
         harness_timing(h, case_name, label, shape, time_run(h, &rg, 50), bytes, 0, 0);
     }
     free(ref);
@@ -655,7 +673,7 @@ static double causal_pairs(int S, int n, int ctx) { return (double)S * ((double)
 static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps) {
     const int H = 16, Hkv = 8, D = 128, bs = 16;
     dcase_t d;
-    dcase_make_big(&d, rng, S, n, n, H, Hkv, D, bs);
+    dcase_make_big(&d, rng, S, n, n, 0, H, Hkv, D, bs);
     char case_name[48], shape[96];
     snprintf(case_name, sizeof case_name, "prefill %dx%d", S, n);
     snprintf(shape, sizeof shape, "S=%d n=%d causal H=%d/%d D=%d bs=%d", S, n, H, Hkv, D, bs);
@@ -724,11 +742,16 @@ int main(int argc, char **argv) {
         check_gpu_rejections(&h);
         if (h.do_timing) {
             harness_section(&h, "Decode at Qwen3-0.6B's heads (16 q, 8 kv, D 128): GB/s of K and V read");
-            time_decode(&h, &rng, 256, 1024, 75.0);
-            time_decode(&h, &rng, 1, 1024, 0);
-            time_decode(&h, &rng, 1, 640, 0);
-            time_decode(&h, &rng, 1, 16384, 0);
-            time_decode(&h, &rng, 64, 4096, 0);
+            time_decode(&h, &rng, 256, 1024, 0, 75.0);
+            time_decode(&h, &rng, 1, 1024, 0, 0);
+            time_decode(&h, &rng, 1, 640, 0, 0);
+            time_decode(&h, &rng, 1, 16384, 0, 0);
+            time_decode(&h, &rng, 64, 4096, 0, 0);
+            // Mixed lengths, as nano-vllm's workload has them in decode
+            // (prompts and outputs of 100 to 1,024 tokens): the longest
+            // row's block against the batch's total.
+            time_decode(&h, &rng, 256, 2048, 100, 0);
+            time_decode(&h, &rng, 64, 2048, 100, 0);
             harness_section(&h, "Prefill, causal, Qwen3-0.6B's heads: TFLOP/s of 4*D*H*(causal pairs)");
             time_prefill(&h, &rng, 16, 1024, 3);
             time_prefill(&h, &rng, 1, 8192, 1);

@@ -802,6 +802,18 @@ static int tp_allgather(cuda_state_t *s, const bf16_t *d_send, bf16_t *d_recv, s
 }
 #endif
 
+// The decode attention version (kernels/attention.h): ATTN_DECODE_FAST, or
+// MV_DECODE_ATTENTION=3 for version 3, to measure what version 4's pieces
+// change (docs/09-engine.md). Read once.
+static int decode_attention_version(void) {
+    static int version = 0;
+    if (!version) {
+        const char *v = getenv("MV_DECODE_ATTENTION");
+        version = v && !strcmp(v, "3") ? 3 : ATTN_DECODE_FAST;
+    }
+    return version;
+}
+
 // One decoder layer over the step's T tokens (see the list at the top).
 static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const runner_step_t *in,
                       int max_seqlen_q, int max_context_len) {
@@ -829,7 +841,7 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
         return -1;
     int rca;
     if (T == S)  // all decode: one query token per row
-        rca = attention_decode_cuda(ATTN_DECODE_FAST, 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
+        rca = attention_decode_cuda(decode_attention_version(), 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
                                     d->context_lens, d->block_tables, S, max_context_len, nq, nkv, hd, bs, nb,
                                     s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
     else
