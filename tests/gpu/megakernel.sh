@@ -9,7 +9,7 @@
 #      (tokens and every logit row bit-identical), on the three tiny checkpoints and Qwen3-0.6B's
 #      shapes; then chapter 07's check (its decode pieces and reduction are the megakernel's)
 #   2. one stream (512 + 256, random weights, Qwen3-0.6B's shapes) with the megakernel
-#      (MV_MEGAKERNEL=1) and without it (MV_MEGAKERNEL=0, the default: the unfused graphs),
+#      (MV_MEGAKERNEL=1, the default) and without it (MV_MEGAKERNEL=0: the unfused graphs),
 #      alternated; its profile (MV_MEGAKERNEL_PROFILE=1); the latency mode at batch 1, 2 and 8
 #   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
 #      decode steps take the megakernel

@@ -212,8 +212,8 @@ typedef struct {
     int collectives;
     // The decode megakernel (kernels/decode_megakernel.h): the layers of a
     // graphed decode step of up to megakernel_rows rows in one persistent
-    // kernel, the same bits as the kernels it replaces. On with
-    // MV_MEGAKERNEL=1 (off by default), never at tp > 1 or with enforce_eager.
+    // kernel, the same bits as the kernels it replaces. On by default
+    // (MV_MEGAKERNEL=0 turns it off), never at tp > 1 or with enforce_eager.
     int megakernel[DECODE_MAX_SIZES];     // 1: size k's graph runs it
     megakernel_layer_t *d_mk_layers;      // [L] the layers' pointers, on the device
     bf16_t *d_residual2;                  // [8, H] the megakernel's second residual buffer
@@ -924,14 +924,11 @@ static void megakernel_args_fill(const model_runner_t *r, const cuda_state_t *s,
     a->timeline = s->d_mk_timeline;
 }
 
-// MV_MEGAKERNEL=1 turns the decode megakernel on. On an H200 one stream
-// then decodes ~13% faster than through the unfused graphs, with the same
-// bits, but compute-sanitizer's racecheck still reports hazards on its
-// shared memory that are not explained (docs/09-engine.md, "A decode
-// megakernel"), so it is off by default.
+// The decode megakernel is on unless MV_MEGAKERNEL=0 (the unfused graphs,
+// for comparison: docs/09-engine.md, "A decode megakernel").
 static int megakernel_wanted(void) {
     const char *v = getenv("MV_MEGAKERNEL");
-    return v && !strcmp(v, "1");
+    return !(v && !strcmp(v, "0"));
 }
 
 // Which decode sizes the megakernel takes (at creation, before capture):
@@ -943,7 +940,7 @@ static int megakernel_prepare(model_runner_t *r) {
     const int L = r->cfg.num_hidden_layers, H = r->cfg.hidden_size;
     r->megakernel_rows = 0;
     snprintf(r->megakernel_why, sizeof r->megakernel_why, "%s",
-             s->collectives ? "tensor parallel" : !megakernel_wanted() ? "MV_MEGAKERNEL=1 turns it on" : "");
+             s->collectives ? "tensor parallel" : !megakernel_wanted() ? "MV_MEGAKERNEL=0 turned it off" : "");
     if (s->collectives || !megakernel_wanted()) return 0;
     megakernel_layer_t *h = calloc((size_t)L, sizeof *h);
     if (!h) return mv_error("out of host memory for the megakernel's layer table");
