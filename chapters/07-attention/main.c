@@ -623,12 +623,12 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, d
     if (min_ctx > 0) snprintf(case_name, sizeof case_name, "decode %dx%d-%d", S, min_ctx, ctx);
     else snprintf(case_name, sizeof case_name, "decode %dx%d", S, ctx);
     const int auto_splits = attention_decode_num_splits(S, Hkv, ctx, bs);
-    snprintf(shape, sizeof shape, "S=%d ctx=%s%d H=%d/%d D=%d bs=%d auto splits %d", S, min_ctx > 0 ? "U[" : "",
-             min_ctx > 0 ? min_ctx : ctx, H, Hkv, D, bs, auto_splits);
-    if (min_ctx > 0) {
-        const size_t len = strlen(shape);
-        snprintf(shape + len, sizeof shape - len, " (ctx<=%d, sum %lld)", ctx, d.sum_ctx);
-    }
+    if (min_ctx > 0)
+        snprintf(shape, sizeof shape, "S=%d ctx=U[%d,%d] (sum %lld) H=%d/%d D=%d bs=%d auto splits %d", S, min_ctx, ctx,
+                 d.sum_ctx, H, Hkv, D, bs, auto_splits);
+    else
+        snprintf(shape, sizeof shape, "S=%d ctx=%d H=%d/%d D=%d bs=%d auto splits %d", S, ctx, H, Hkv, D, bs,
+                 auto_splits);
     const double bytes = (double)d.sum_ctx * Hkv * D * 2.0 * 2.0;
     run_t r1 = {RUN_DECODE, 1, 0, ctx, &d};
     float *ref = gpu_reference(&r1);

@@ -6,15 +6,20 @@
 # It builds for sm_90, then:
 #   1. the workload (tests/bench/nanovllm_workload.py), greedy, one timed run with
 #      `minivllm bench --step-trace`: every step's rows, tokens, context and microseconds
-#   2. PROFILE=1 (default): Nsight Compute's duration of every kernel of one latency-mode run
-#      (PROFILE_BATCH requests of PROFILE_PROMPT tokens, 3 tokens each: their prefill steps and
-#      two decode steps), kernels one at a time, the clocks left alone
+#   2. PROFILE=1 (off by default: slow): Nsight Compute's duration of every kernel of one
+#      latency-mode run (PROFILE_BATCH requests of PROFILE_PROMPT tokens, 3 tokens each: their
+#      prefill steps and two decode steps), kernels one at a time, the clocks left alone. On an
+#      H200 it took 3-4 s a step and 2 minutes to capture the decode graphs (docs/perf-notes.md,
+#      run 44): set PROFILE_S, and prefer the step trace.
 #   3. PROBE=1 (default): tests/gpu/racecheck_probe.sh
-# Leaves under $OUT: workload.trace.csv, workload.json, ncu.csv, racecheck_probe.*.log, run.log.
+# Leaves everything in one archive, $OUT/workload_profile.tgz (the device tool brings back only
+# a few files): workload.trace.csv, workload.json, ncu.csv, racecheck_probe.*.log, run.log.
 set -uo pipefail
-OUT=${OUT:-/tmp/mv-out}
-mkdir -p "$OUT"
+FINAL_OUT=${OUT:-/tmp/mv-out}
+OUT=$(mktemp -d)
+mkdir -p "$FINAL_OUT"
 exec > >(tee "$OUT/run.log") 2>&1
+trap 'tar czf "$FINAL_OUT/workload_profile.tgz" -C "$OUT" .' EXIT
 mkdir -p /opt/deps
 for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -33,7 +38,7 @@ timeout 120 ./build/minivllm bench "${model[@]}" --input "$WORK" --sampling gree
   --step-trace "$OUT/workload.trace.csv" --json "$OUT/workload.json" 2>&1 | grep -E "output tok/s|steps|rror" || status=1
 echo "$(($(wc -l < "$OUT/workload.trace.csv") - 1)) steps traced"
 
-if [ "${PROFILE:-1}" = 1 ]; then
+if [ "${PROFILE:-0}" = 1 ]; then
   B=${PROFILE_BATCH:-128} P=${PROFILE_PROMPT:-1024}
   echo "=================== ncu: $B x $P, 3 tokens each"
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -47,6 +52,6 @@ fi
 
 if [ "${PROBE:-1}" = 1 ]; then
   echo "=================== tests/gpu/racecheck_probe.sh"
-  timeout 300 bash tests/gpu/racecheck_probe.sh || status=1
+  OUT="$OUT" timeout 300 bash tests/gpu/racecheck_probe.sh || status=1
 fi
 exit $status
