@@ -20,6 +20,7 @@ json has those rows, the block says how to make them), 08-scheduler:workloads,
 09-engine.single.json, 09-engine.compare.json, written by tests/gpu/engine.sh;
 until a file is there, its block says how to make it).
 """
+import csv
 import glob
 import json
 import os
@@ -110,6 +111,26 @@ def render_small_m(d):
         cells = [f"{fmt_us(t['ms'])} | {t['pct_copy']:.1f}" if t else " | " for t in (c, g)]
         ratio = f"{c['ms'] / g['ms']:.2f}" if c and g else ""
         out.append(f"| {key[0]} | {r['shape']} | {r['bytes'] / 1e6:.2f} | {cells[0]} | {cells[1]} | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
+def render_decode_versions(d):
+    """Chapter 07's decode cases as a decode CUDA graph launches them: version 3 (the graph's count) against
+    version 4 (its own automatic count), time and % of copy."""
+    rows = {}
+    for t in d["timings"]:
+        if t["case"].startswith("decode") and ", bound " in t["version"] and t["version"][:2] in ("v3", "v4"):
+            rows.setdefault(t["case"], {})[t["version"][:2]] = t
+    out = [f"`./build/07-attention` on **{d['gpu']['name']}**, {d['date'][:10]}, commit 55607a7 (the run of "
+           f"`docs/results/07-attention.v4.md`): each decode case as a decode graph "
+           f"launches it, with the bound of 4,096 keys (or the context, when longer).", "",
+           "| case (rows x keys) | version 3 | version 4 | version 4 / version 3 |", "| --- | ---: | ---: | ---: |"]
+    for case, r in rows.items():
+        if "v3" not in r or "v4" not in r:
+            continue
+        a, b = r["v3"], r["v4"]
+        out.append(f"| {case} | {fmt_us(a['ms'])} us ({a['pct_copy']:.0f}% of copy) | "
+                   f"{fmt_us(b['ms'])} us ({b['pct_copy']:.0f}%) | {b['ms'] / a['ms']:.2f} |")
     return "\n".join(out) + "\n"
 
 
@@ -361,6 +382,8 @@ def render_engine_workload(ds):
            "| sampling | output tok/s (min-max) | total tok/s | % of floor | TTFT p50 / p99 ms | TPOT p50 / p99 ms | steps | host us / step |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for what, d in ds:
+        if d["commit"] != d0["commit"]:
+            what += f" (commit {d['commit']}, {d['date'][:10]})"
         out.append(f"| {what} | {d['output_tok_s']:,.0f} ({d['output_tok_s_min']:,.0f}-{d['output_tok_s_max']:,.0f}) | "
                    f"{d['total_tok_s']:,.0f} | {100 * d['output_tok_s'] / floor_tok_s:.1f} | "
                    f"{d['ttft_ms']['p50']:.0f} / {d['ttft_ms']['p99']:.0f} | "
@@ -409,9 +432,17 @@ def render_engine_graphs(pairs):
            "",
            "| run | graphs: output tok/s | TPOT p50 ms | eager: output tok/s | TPOT p50 ms | graphs / eager |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    older = []
     for what, g, e in pairs:
         out.append(f"| {what} | {g['output_tok_s']:,.0f} | {g['tpot_ms']['p50']:.2f} | {e['output_tok_s']:,.0f} | "
                    f"{e['tpot_ms']['p50']:.2f} | {g['output_tok_s'] / e['output_tok_s']:.2f}x |")
+        for x in (g, e):
+            if x["commit"] != d0["commit"] and (x["commit"], x["date"][:10]) not in older:
+                older.append((x["commit"], x["date"][:10]))
+    if older:
+        out += ["", "Measured at another commit than the first row's graphs: " +
+                "; ".join(f"commit {c} ({t})" for c, t in older) +
+                " (the eager runs, which `SKIP_EAGER=1` left as they were)."]
     out += ["", f"Capture at start-up: {d0.get('cuda_graphs', 0)} graphs in {d0.get('graph_capture_s', 0):.2f} s, "
             f"{d0.get('graph_bytes', 0) / 2**20:.0f} MiB of GPU memory."]
     return "\n".join(out) + "\n"
@@ -677,8 +708,12 @@ def render_megakernel():
                 break
             rows.append((g.group(1), float(g.group(2)), float(g.group(3))))
         work, wait = sum(r[1] for r in rows), sum(r[2] for r in rows)
-        out += ["", f"Where a step's time goes inside the megakernel (`MV_MEGAKERNEL_PROFILE=1`, the last step of the "
-                f"same run's one stream: {m.group(1)} grid barriers, {float(m.group(2)):,.1f} us from the kernel's "
+        head = next((re.match(r"^# (Run \d+), commit (\w+)", l) for l in lines if re.match(r"^# Run \d+, commit", l)),
+                    None)
+        src = (f"{head.group(1).lower()} of docs/results/09-engine-megakernel.txt, commit {head.group(2)}, the final "
+               f"kernel" if head else "the same run")
+        out += ["", f"Where a step's time goes inside the megakernel (`MV_MEGAKERNEL_PROFILE=1`, the last step of "
+                f"one stream in {src}: {m.group(1)} grid barriers, {float(m.group(2)):,.1f} us from the kernel's "
                 f"start to the last barrier). *Work*: from the previous barrier's release to the last block's "
                 f"arrival at this one; *barrier*: from that arrival to the release. The mean over the 28 layers, "
                 f"in us:",
@@ -731,6 +766,69 @@ def render_megakernel_sweep():
     return "\n".join(out) + "\n"
 
 
+TRACE_BANDS = [(1, 8), (9, 32), (33, 64), (65, 132), (133, 192), (193, 256)]
+
+
+def render_workload_trace():
+    """nano-vllm's workload step by step (`minivllm bench --step-trace`, json/09-engine.workload-trace.v{3,4}.csv and
+    the runs' .json): decode steps in bands of rows, decode attention version 3 against version 4."""
+    runs = {}
+    for v in (3, 4):
+        path = os.path.join(JSON_DIR, f"09-engine.workload-trace.v{v}.csv")
+        d = load(f"09-engine.workload-trace.v{v}.json")
+        if not os.path.exists(path) or not d:
+            return None
+        with open(path) as f:
+            runs[v] = (list(csv.DictReader(f)), d)
+    d3 = runs[3][1]
+    ceil = copy_ceiling()
+    kv, wb = kv_bytes_per_token(d3["config"]), d3["weight_bytes"]
+    floor_us = lambda r: 1e6 * (wb + int(r["context_tokens"]) * kv) / (ceil[0] * 1e9)
+    out = [f"`MV_DECODE_ATTENTION=3|4 minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda "
+           f"--input W --sampling greedy --repeat 1 --step-trace FILE` on **{d3['gpu']}**, {d3['date'][:10]} (the "
+           f"working tree before commit 55607a7, labelled `{d3['commit']}`, the megakernel off), W from "
+           f"`tests/bench/nanovllm_workload.py`: every step's time inside the model runner (the GPU's work and the "
+           f"wait for it), decode steps by how many rows they hold. *Floor*: the step's weights and its rows' KV "
+           f"cache at the {ceil[0]:,.0f} GB/s copy bandwidth. Version 3 leaves a batch of 33 or more rows "
+           f"unsplit. Version 4 is its first form here: 8 pieces of at least 256 keys for every batch of 33 rows "
+           f"or more (and at least 8 pieces below); the engine keeps them only from 33 to 132 rows.",
+           "",
+           "| decode rows | steps | mean context tokens a step | floor ms | version 3 ms | % of floor | version 4 ms | "
+           "% of floor |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    dec = {v: [r for r in runs[v][0] if int(r["prefill_rows"]) == 0] for v in (3, 4)}
+    for lo, hi in TRACE_BANDS:
+        sel = {v: [r for r in dec[v] if lo <= int(r["rows"]) <= hi] for v in (3, 4)}
+        if not sel[3]:
+            continue
+        n = len(sel[3])
+        fl = sum(map(floor_us, sel[3])) / n / 1e3
+        ctx = sum(int(r["context_tokens"]) for r in sel[3]) / n
+        t3 = sum(float(r["runner_us"]) for r in sel[3]) / n / 1e3
+        t4 = sum(float(r["runner_us"]) for r in sel[4]) / max(1, len(sel[4])) / 1e3
+        out.append(f"| {lo} - {hi} | {n:,} | {ctx:,.0f} | {fl:.2f} | {t3:.2f} | {100 * fl / t3:.0f} | {t4:.2f} | "
+                   f"{100 * fl / t4:.0f} |")
+    tot = {}
+    for v in (3, 4):
+        rows = runs[v][0]
+        pre = [r for r in rows if int(r["prefill_rows"]) > 0]
+        tot[v] = (sum(float(r["runner_us"]) for r in pre) / 1e6, len(pre),
+                  sum(float(r["runner_us"]) for r in dec[v]) / 1e6, sum(float(r["host_us"]) for r in rows) / 1e6,
+                  runs[v][1]["output_tok_s"])
+    dfl = sum(map(floor_us, dec[3])) / 1e6
+    big = [(int(r["context_tokens"]), float(r["runner_us"])) for r in dec[3] if int(r["rows"]) > TRACE_BANDS[3][1]]
+    mx, my = sum(x for x, _ in big) / len(big), sum(y for _, y in big) / len(big)
+    slope = sum((x - mx) * (y - my) for x, y in big) / sum((x - mx) ** 2 for x, _ in big)
+    fit = (f" Over version 3's {len(big)} decode steps of more than {TRACE_BANDS[3][1]} rows, a step's time fits "
+           f"{(my - slope * mx) / 1e3:.2f} ms + {1e3 * slope:.1f} ns a context token (least squares; the floor's "
+           f"share of a token is {1e3 * 1e6 * kv / (ceil[0] * 1e9):.1f} ns at the copy bandwidth).")
+    out += ["", f"In all: {len(runs[3][0]):,} steps; the {tot[3][1]} steps that hold a prompt's tokens take "
+            f"{tot[3][0]:.2f} s (version 4: {tot[4][0]:.2f} s), the decode steps {tot[3][2]:.2f} s (version 4: "
+            f"{tot[4][2]:.2f} s) against a floor of {dfl:.2f} s, the engine's host work {tot[3][3]:.2f} s. Output "
+            f"tok/s of the two runs: {tot[3][4]:,.0f} (version 3) and {tot[4][4]:,.0f} (version 4)." + fit]
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -750,6 +848,9 @@ def engine_blocks():
     ws = [(what, load(name)) for what, name in WORKLOAD_JSONS]
     if all(d for _, d in ws):
         out["09-engine:workload"] = (WORKLOAD_JSONS[0][1], render_engine_workload(ws))
+    trace = render_workload_trace()
+    if trace:
+        out["09-engine:workload-trace"] = ("09-engine.workload-trace.v3.json", trace)
     lat = load("09-engine.latency.json")
     if lat:
         out["09-engine:latency"] = ("09-engine.latency.json", render_engine_latency(lat))
@@ -782,6 +883,8 @@ def blocks():
             out[f"{ch}:tolerances"] = (name, render_tolerance_reasons(d))
             if ch.startswith("03-linear-tp"):
                 out[f"{ch}:small-m"] = (name, render_small_m(d))
+            if ch == "07-attention.v4":
+                out[f"{ch}:decode"] = (name, render_decode_versions(d))
             if "." not in ch:  # compute-sanitizer runs once per chapter, not per GPU count
                 out[f"{ch}:sanitizer"] = (name, render_sanitizer(ch))
         if "workloads" in d:
