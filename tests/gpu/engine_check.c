@@ -425,7 +425,10 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
 // engines here are made with MV_MEGAKERNEL=1), and must give the bits of
 // the same steps launched kernel by kernel. On a GPU of compute capability
 // 9.0 the tiny checkpoints and Qwen3-0.6B's shapes must take it: otherwise
-// the check would pass without running it.
+// the check would pass without running it. Since the megakernel is the
+// default, the same steps also run from graphs with MV_MEGAKERNEL=0 (the
+// unfused kernels at 1 to 8 rows, which no other case reaches), which must
+// not take it and must give the same bits too.
 static int megakernel_expected(void) {
 #if MV_HAVE_CUDA
     int dev = 0, major = 0;
@@ -437,7 +440,8 @@ static int megakernel_expected(void) {
 #endif
 }
 
-static void check_megakernel(const char *dir, const golden_t *g, int random_weights) {
+// use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0.
+static void check_megakernel_with(const char *dir, const golden_t *g, int random_weights, int use) {
     static const int batches[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
         const int B = batches[bi], n = B <= g->n_cases ? B : g->n_cases;
@@ -450,7 +454,7 @@ static void check_megakernel(const char *dir, const golden_t *g, int random_weig
             const char *was = getenv("MV_MEGAKERNEL");
             char saved[16];
             snprintf(saved, sizeof saved, "%s", was ? was : "");
-            setenv("MV_MEGAKERNEL", "1", 1);
+            setenv("MV_MEGAKERNEL", use ? "1" : "0", 1);
             const int rc_a = !ha || !hb || run_hashed_ex(dir, 0, sampled, g, f, n, B, random_weights, a, ha, &graphs, &mk);
             if (was) setenv("MV_MEGAKERNEL", saved, 1);
             else unsetenv("MV_MEGAKERNEL");
@@ -468,10 +472,16 @@ static void check_megakernel(const char *dir, const golden_t *g, int random_weig
             }
             const int ran = B <= mk;
             char how[96];
-            snprintf(how, sizeof how, "%s (megakernel: steps of 1 to %d rows)",
-                     ran ? "the megakernel" : "the unfused graph", mk);
-            if (mk == 0 && megakernel_expected())
+            if (use)
+                snprintf(how, sizeof how, "%s (megakernel: steps of 1 to %d rows)",
+                         ran ? "the megakernel" : "the unfused graph", mk);
+            else
+                snprintf(how, sizeof how, "the unfused graph (MV_MEGAKERNEL=0)");
+            if (use && mk == 0 && megakernel_expected())
                 verdict("FAIL", "%s megakernel: the graphs did not take it (steps of 1 to %d rows)", dir, mk);
+            else if (!use && mk != 0)
+                verdict("FAIL", "%s megakernel: MV_MEGAKERNEL=0, but the graphs took it (steps of 1 to %d rows)", dir,
+                        mk);
             else if (graphs == 0 || none != 0 || bad_ids || bad_rows || ha->rows != hb->rows || ha->rows == 0)
                 verdict("FAIL", "%s megakernel, %d rows, %s: %s against eager: %d requests' tokens and %d logit rows "
                         "differ (%d vs %d rows; %d graphs)", dir, B, sampled ? "sampled" : "greedy", how, bad_ids,
@@ -484,6 +494,11 @@ static void check_megakernel(const char *dir, const golden_t *g, int random_weig
             free(ha), free(hb);
         }
     }
+}
+
+static void check_megakernel(const char *dir, const golden_t *g, int random_weights) {
+    check_megakernel_with(dir, g, random_weights, 1);
+    check_megakernel_with(dir, g, random_weights, 0);
 }
 
 // Qwen3-0.6B's shapes with random weights: 8 prompts of 20 to 62 ids
