@@ -547,9 +547,24 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 
 // Weights, RoPE cache, scratch and step buffers: everything a runner holds
 // but its KV cache and its graphs (the part that needs no other rank).
+// The experiment switches MV_MEGAKERNEL (0 or 1) and MV_DECODE_ATTENTION (3 or
+// 4): any other value is refused at creation, naming it, rather than read as
+// the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
+static int check_switches(void) {
+    const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION");
+    if (mk && strcmp(mk, "0") && strcmp(mk, "1"))
+        return mv_error("MV_MEGAKERNEL=%s: it takes 0 (the unfused decode graphs) or 1 (the megakernel, the default)",
+                        mk);
+    if (att && strcmp(att, "3") && strcmp(att, "4"))
+        return mv_error("MV_DECODE_ATTENTION=%s: it takes 3 or 4 (the decode attention version; default %d)", att,
+                        ATTN_DECODE_FAST);
+    return 0;
+}
+
 static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
+    if (check_switches()) return -1;
     // The attention kernels' shapes (kernels/attention.h): refused here, once,
     // rather than at the first step.
     if (c->head_dim != 64 && c->head_dim != 128)
