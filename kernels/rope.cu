@@ -21,6 +21,8 @@
 #include "common/check.h"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope_fused.cuh"
+#include "kernels/kv_store.h"
+#include "reference/kv_store.h"
 #include "reference/rmsnorm.h"
 
 typedef __nv_bfloat16 bf16;
@@ -910,6 +912,76 @@ extern "C" int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_n
                                                                      kw, T, num_heads, num_kv_heads, head_dim,
                                                                      cache->max_position, eps, stream);
         if (rc) return -1;
+    }
+    return CUDA_TRY(cudaGetLastError());
+}
+
+// ---- version 6 with the KV cache's store step (rope.h: qk_norm_rope_store_cuda) ----------
+
+extern "C" int qk_norm_rope_store_fused(const bf16_t *d_qkv, const bf16_t *d_q_norm_w, const bf16_t *d_k_norm_w,
+                                        const rope_cache_gpu_t *cache, const bf16_t *d_k_cache,
+                                        const bf16_t *d_v_cache, int num_heads, int num_kv_heads, int head_dim) {
+    const long long row = (long long)(num_heads + 2LL * num_kv_heads) * head_dim;
+    const bf16_t *k = d_qkv + (long long)num_heads * head_dim;
+    const int lanes = head_dim / 16;
+    // Version 6's own choice of 16-byte vectors (pick_vec), and the caches' rows aligned to them.
+    return head_dim % 16 == 0 && (lanes == 4 || lanes == 8 || lanes == 16 || lanes == 32) && cache &&
+           pick_vec(head_dim / 2, row, row, d_qkv, k, d_q_norm_w, d_k_norm_w, cache->d_cos_sin) == 8 &&
+           mv_aligned(d_k_cache, 16) && mv_aligned(d_v_cache, 16);
+}
+
+template <int LANES>
+static void launch_store(bf16 *q, long long row, bf16 *k, const int32_t *pos, const float *cs, const bf16 *qw,
+                         const bf16 *kw, int T, int H, int Hkv, int max_pos, float eps,
+                         const rope_fused::store_args &st, cudaStream_t s) {
+    // __launch_bounds__(192, 6): 56 registers. Version 6's 40 (MINB 8) spill
+    // the v head held from its load to its store (nvcc 13.0, sm_90).
+    rope_fused::launch<8, LANES, ROPE_V6::TOK, 6, ROPE_V6::COSSIN, ROPE_V6::MATH, 1>(
+        q, row, k, row, pos, cs, NULL, qw, kw, T, H, Hkv, max_pos, eps, s, st);
+}
+
+extern "C" int qk_norm_rope_store_cuda(bf16_t *d_qkv, const bf16_t *d_q_norm_w, const bf16_t *d_k_norm_w,
+                                       const int32_t *d_positions, const rope_cache_gpu_t *cache, bf16_t *d_k_cache,
+                                       bf16_t *d_v_cache, const int32_t *d_slot_mapping, int T, int num_heads,
+                                       int num_kv_heads, int head_dim, float eps, int block_size, int num_blocks,
+                                       cudaStream_t stream) {
+    const long long row = (long long)(num_heads + 2LL * num_kv_heads) * head_dim;
+    if (check_cache("qk_norm_rope_store_cuda", cache) ||
+        rope_validate(T, num_heads, num_kv_heads, head_dim, row, row, cache->head_dim, cache->max_position) ||
+        rmsnorm_heads_validate(T, num_heads, head_dim, row, row, eps) ||
+        kv_store_validate(T, num_kv_heads, head_dim, row, row, block_size, num_blocks))
+        return -1;
+    if (T == 0) return 0;
+    if (!d_qkv || !d_q_norm_w || !d_k_norm_w || !d_positions || !d_k_cache || !d_v_cache || !d_slot_mapping)
+        return mv_error("qk_norm_rope_store_cuda: null pointer for a non-empty tensor");
+    if (d_k_cache == d_v_cache)
+        return mv_error("qk_norm_rope_store_cuda: the K and V caches must be different buffers");
+    bf16 *q = (bf16 *)d_qkv, *k = q + (long long)num_heads * head_dim;
+    if (!qk_norm_rope_store_fused(d_qkv, d_q_norm_w, d_k_norm_w, cache, d_k_cache, d_v_cache, num_heads,
+                                  num_kv_heads, head_dim))
+        // Any other shape or alignment: the two kernels, which give the same bits.
+        return qk_norm_rope_cuda(6, d_qkv, d_q_norm_w, d_k_norm_w, d_positions, cache, T, num_heads, num_kv_heads,
+                                 head_dim, eps, stream) ||
+               store_kvcache_cuda(KV_STORE_FAST, d_qkv + (long long)num_heads * head_dim, row,
+                                  d_qkv + (long long)(num_heads + num_kv_heads) * head_dim, row, d_k_cache,
+                                  d_v_cache, d_slot_mapping, T, num_kv_heads, head_dim, block_size, num_blocks,
+                                  stream);
+    rope_fused::store_args st;
+    st.v = k + (long long)num_kv_heads * head_dim;
+    st.v_stride = row;
+    st.k_cache = (bf16 *)d_k_cache;
+    st.v_cache = (bf16 *)d_v_cache;
+    st.slot_mapping = d_slot_mapping;
+    st.num_slots = (long long)num_blocks * block_size;
+    st.num_kv_heads = num_kv_heads;
+    const bf16 *qw = (const bf16 *)d_q_norm_w, *kw = (const bf16 *)d_k_norm_w;
+    const int H = num_heads, Hkv = num_kv_heads, mp = cache->max_position;
+    const float *cs = cache->d_cos_sin;
+    switch (head_dim / 16) {
+    case 4: launch_store<4>(q, row, k, d_positions, cs, qw, kw, T, H, Hkv, mp, eps, st, stream); break;
+    case 8: launch_store<8>(q, row, k, d_positions, cs, qw, kw, T, H, Hkv, mp, eps, st, stream); break;
+    case 16: launch_store<16>(q, row, k, d_positions, cs, qw, kw, T, H, Hkv, mp, eps, st, stream); break;
+    default: launch_store<32>(q, row, k, d_positions, cs, qw, kw, T, H, Hkv, mp, eps, st, stream); break;
     }
     return CUDA_TRY(cudaGetLastError());
 }

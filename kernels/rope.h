@@ -96,6 +96,31 @@ int qk_norm_rope_cuda(int version, bf16_t *d_qkv, const bf16_t *d_q_norm_w, cons
                       const int32_t *d_positions, const rope_cache_gpu_t *cache, int T, int num_heads,
                       int num_kv_heads, int head_dim, float eps, cudaStream_t stream);
 
+// Version 6 of qk_norm_rope_cuda and chapter 06's store step in one kernel
+// (STORE = 1 in kernels/rope_fused.cuh): qkv as qk_norm_rope_cuda leaves it,
+// and each token's normalised, rotated k heads and its v heads copied into
+// k_cache / v_cache [num_blocks, block_size, Hkv, D] at slot_mapping [T]
+// (slot -1 = skip), as store_kvcache_cuda would copy them: the same bits as
+// qk_norm_rope_cuda(6, ...) followed by store_kvcache_cuda(KV_STORE_FAST,
+// ...) of qkv's k and v columns, in one launch and without reading k and v
+// a second time. Head sizes D = 16 * LANES (64, 128, 256, 512) with
+// 16-byte aligned qkv, weights and caches, and cos/sin 32-byte aligned;
+// anything else runs those two kernels (the same bits). Checked and timed
+// by chapter 06; its CPU reference is qk_norm_rope_cpu then
+// store_kvcache_f32_cpu. Slots must be checked on the host first
+// (kv_store_validate_slots); one that slips through traps.
+int qk_norm_rope_store_cuda(bf16_t *d_qkv, const bf16_t *d_q_norm_w, const bf16_t *d_k_norm_w,
+                            const int32_t *d_positions, const rope_cache_gpu_t *cache, bf16_t *d_k_cache,
+                            bf16_t *d_v_cache, const int32_t *d_slot_mapping, int T, int num_heads,
+                            int num_kv_heads, int head_dim, float eps, int block_size, int num_blocks,
+                            cudaStream_t stream);
+
+// 1 when qk_norm_rope_store_cuda runs its one kernel for these arguments,
+// 0 when it runs the two (records no error).
+int qk_norm_rope_store_fused(const bf16_t *d_qkv, const bf16_t *d_q_norm_w, const bf16_t *d_k_norm_w,
+                             const rope_cache_gpu_t *cache, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
+                             int num_heads, int num_kv_heads, int head_dim);
+
 #ifdef __cplusplus
 }
 #endif

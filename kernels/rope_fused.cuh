@@ -30,6 +30,14 @@
  *              TOL_GPU_FUSED (half a bf16 ulp + 2e-5 relative, 1e-5 abs)
  *              allows it; it does not demand v1's order of operations.
  *
+ *   STORE   0  q and k written back in place (qk_norm_rope_cuda);
+ *           1  also the paged KV cache's store step (chapter 06's
+ *              store_kvcache_cuda) in the same kernel: a k head's thread
+ *              writes its normalised, rotated k to the token's slot as well,
+ *              and copies the token's v head there (loaded with the k head),
+ *              so that the [T, Hkv, D] k and v are not read again by a
+ *              second kernel (qk_norm_rope_store_cuda, kernels/rope.h).
+ *
  * Everything lives in namespace rope_fused so that kernels/rope.cu can
  * include this beside its own helpers.
  */
@@ -97,10 +105,27 @@ extern __shared__ __align__(32) float smem[];
 
 constexpr int THREADS = 192;  // the __launch_bounds__ of every member
 
-template <int VEC, int LANES, int TOK, int MINB, int COSSIN, int MATH>
+// STORE = 1's extra arguments: v [T, Hkv, D] (a view into the QKV row), the
+// caches [num_slots, Hkv, D] and the slots (chapter 06's layout and rule:
+// -1 = skip, anything else outside [0, num_slots) traps).
+struct store_args {
+    const bf16 *v = nullptr;
+    long long v_stride = 0;
+    bf16 *k_cache = nullptr, *v_cache = nullptr;
+    const int32_t *slot_mapping = nullptr;
+    long long num_slots = 0;
+    int num_kv_heads = 0;
+};
+
+__device__ __forceinline__ void check_store_slot(int slot, long long num_slots) {
+    if (slot < -1 || (long long)slot >= num_slots) __trap();
+}
+
+template <int VEC, int LANES, int TOK, int MINB, int COSSIN, int MATH, int STORE = 0>
 __global__ void __launch_bounds__(THREADS, MINB)
 kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *positions, const float *cos_sin,
-       const float *inv_freq, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos, float eps) {
+       const float *inv_freq, const bf16 *q_w, const bf16 *k_w, int T, int H, int max_pos, float eps,
+       store_args st) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     static_assert(VEC == 2 || VEC == 4 || VEC == 8, "VEC");
@@ -128,8 +153,23 @@ kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *
         for (int r = 0; r < TOK; r++) pos[r] = live[r] ? positions[t0 + (long long)r * TZ + threadIdx.z] : 0;
     }
 
-    // 1. The data loads of all TOK tokens, then the weights (L1/L2 hits).
+    // STORE: a k head's slots first (they decide whether v is loaded at all).
+    [[maybe_unused]] int slot[TOK];
+    if constexpr (STORE) {
+#pragma unroll
+        for (int r = 0; r < TOK; r++) {
+            slot[r] = -1;
+            if (live[r] && !is_q) {
+                slot[r] = st.slot_mapping[t0 + (long long)r * TZ + threadIdx.z];
+                check_store_slot(slot[r], st.num_slots);
+            }
+        }
+    }
+
+    // 1. The data loads of all TOK tokens (and, STORE, the v head of each
+    // stored token), then the weights (L1/L2 hits).
     vec_t x1[TOK], x2[TOK];
+    [[maybe_unused]] vec_t v1[STORE ? TOK : 1], v2[STORE ? TOK : 1];
 #pragma unroll
     for (int r = 0; r < TOK; r++) {
         const long long t = t0 + (long long)r * TZ + threadIdx.z;
@@ -139,6 +179,13 @@ kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *
         } else {
 #pragma unroll
             for (int i = 0; i < VEC / 2; i++) x1[r].w[i] = x2[r].w[i] = 0u;
+        }
+        if constexpr (STORE) {
+            if (slot[r] >= 0) {
+                const bf16 *vh = st.v + t * st.v_stride + (long long)(h - H) * D;
+                v1[r] = reinterpret_cast<const vec_t *>(vh)[lane];
+                v2[r] = reinterpret_cast<const vec_t *>(vh + HALF)[lane];
+            }
         }
     }
     const bf16 *w = is_q ? q_w : k_w;
@@ -227,6 +274,17 @@ kernel(bf16 *q, long long q_stride, bf16 *k, long long k_stride, const int32_t *
         }
         reinterpret_cast<vec_t *>(head + t * stride)[lane] = put<VEC>(o1);
         reinterpret_cast<vec_t *>(head + t * stride + HALF)[lane] = put<VEC>(o2);
+        if constexpr (STORE) {
+            if (slot[r] >= 0) {
+                const vec_t y1 = put<VEC>(o1), y2 = put<VEC>(o2);
+                // The slot's row is [Hkv, D]; this thread's head is h - H.
+                const long long at = ((long long)slot[r] * st.num_kv_heads + (h - H)) * D;
+                reinterpret_cast<vec_t *>(st.k_cache + at)[lane] = y1;
+                reinterpret_cast<vec_t *>(st.k_cache + at + HALF)[lane] = y2;
+                reinterpret_cast<vec_t *>(st.v_cache + at)[lane] = v1[r];
+                reinterpret_cast<vec_t *>(st.v_cache + at + HALF)[lane] = v2[r];
+            }
+        }
     }
 }
 
@@ -244,16 +302,17 @@ static inline void shape(int T, int H, int Hkv, dim3 *grid, dim3 *block, int tok
 }
 
 // Enqueue one member on QKV-style q/k views. inv_freq (D/2 fp32) only for COSSIN 2.
-template <int VEC, int LANES, int TOK, int MINB, int COSSIN, int MATH>
+// STORE = 1 with st: the store step too.
+template <int VEC, int LANES, int TOK, int MINB, int COSSIN, int MATH, int STORE = 0>
 static inline void launch(bf16 *q, long long qs, bf16 *k, long long ks, const int32_t *pos, const float *cs,
                           const float *inv_freq, const bf16 *qw, const bf16 *kw, int T, int H, int Hkv,
-                          int max_pos, float eps, cudaStream_t s) {
+                          int max_pos, float eps, cudaStream_t s, store_args st = store_args()) {
     constexpr int D = 2 * VEC * LANES;
     dim3 grid, block;
     shape<LANES>(T, H, Hkv, &grid, &block, TOK);
     const size_t smem_bytes = COSSIN == 0 ? sizeof(float) * TOK * block.z * D : 0;
-    mv_launch(kernel<VEC, LANES, TOK, MINB, COSSIN, MATH>, grid, block, smem_bytes, s, q, qs, k, ks, pos, cs, inv_freq,
-              qw, kw, T, H, max_pos, eps);
+    mv_launch(kernel<VEC, LANES, TOK, MINB, COSSIN, MATH, STORE>, grid, block, smem_bytes, s, q, qs, k, ks, pos, cs,
+              inv_freq, qw, kw, T, H, max_pos, eps, st);
 }
 
 }  // namespace rope_fused

@@ -31,6 +31,15 @@
  *   3. Timing at Qwen3-0.6B shapes (T = 1, 256, 8192; 8 kv heads of 128)
  *      and at a large shape (over 256 MiB of traffic), as GB/s and % of
  *      the measured copy bandwidth.
+ *   4. The store fused with chapter 05's q/k norm + RoPE
+ *      (qk_norm_rope_store_cuda, kernels/rope.h): bit for bit what
+ *      qk_norm_rope_cuda (version 6) then store_kvcache_cuda (version 2)
+ *      leave, in the QKV buffer and in both whole caches (poisoned first,
+ *      skipped slots among the stored ones), with programmatic dependent
+ *      launch off and on; against the CPU reference (qk_norm_rope_cpu,
+ *      then the store); shapes that take its one kernel (head_dim 64, 128)
+ *      and ones that take the two (a misaligned QKV, head_dim 96); then
+ *      timed against the two kernels at T = 1, 64, 256 and 8192.
  *
  * Build and run:  make && ./build/06-kv-store [--json FILE] [--help]
  * Exit status: 0 if every check passed, 1 if any failed, 2 on bad arguments.
@@ -48,6 +57,9 @@
 #include "reference/kv_store.h"
 #if MV_HAVE_CUDA
 #include "kernels/kv_store.h"
+#include "kernels/pdl.h"
+#include "kernels/rope.h"
+#include "reference/rope.h"
 #endif
 
 // Exact comparison of two caches [num_slots, row] (a copy has no tolerance):
@@ -452,6 +464,176 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, kcas
     gpu_free(buf); gpu_free(r.d_slots); gpu_free(d_kc); gpu_free(d_vc);
     free(p.free_blocks); free(slots); free(h_k); free(h_v); free(want_k); free(want_v); free(got);
 }
+// ---- 4. the store fused with q/k norm + RoPE -----------------------------------------
+
+// Chapter 05's tolerance for its fused kernels (TOL_GPU_FUSED there): the
+// fused store's k is version 6's, so it is held to the same.
+static const tolerance_t TOL_FUSED_K = {
+    1e-5, BF16_HALF_ULP + 2e-5, (BF16_HALF_ULP + 2e-5) * (BF16_HALF_ULP + 2e-5),
+    "version 6's q/k norm + RoPE (chapter 05): output rounded once to bf16, 2^-8; its fp32 sum of squares in "
+    "tree order moves 1/rms by up to ~1e-5 (relative), and per-element fp32 roundings (atol)"};
+
+typedef struct {
+    int H, Hkv, D, block_size, misalign;
+    const char *why;
+} fcase_t;
+
+typedef struct {
+    bf16_t *qkv, *kc, *vc, *qw, *kw;
+    const int32_t *pos, *slots;
+    const rope_cache_gpu_t *cache;
+    int T, H, Hkv, D, bs, nb, fused;
+} fused_ctx_t;
+
+static int run_fused(void *p, cudaStream_t s) {
+    const fused_ctx_t *c = p;
+    const long long row = (long long)(c->H + 2 * c->Hkv) * c->D;
+    if (c->fused)
+        return qk_norm_rope_store_cuda(c->qkv, c->qw, c->kw, c->pos, c->cache, c->kc, c->vc, c->slots, c->T, c->H,
+                                       c->Hkv, c->D, 1e-6f, c->bs, c->nb, s);
+    return qk_norm_rope_cuda(6, c->qkv, c->qw, c->kw, c->pos, c->cache, c->T, c->H, c->Hkv, c->D, 1e-6f, s) ||
+           store_kvcache_cuda(KV_STORE_FAST, c->qkv + (long long)c->H * c->D, row,
+                              c->qkv + (long long)(c->H + c->Hkv) * c->D, row, c->kc, c->vc, c->slots, c->T, c->Hkv,
+                              c->D, c->bs, c->nb, s);
+}
+
+static void check_fused(harness_t *h, rng_t *rng, fcase_t c, int T, int do_time) {
+    const int row = (c.H + 2 * c.Hkv) * c.D, kvrow = c.Hkv * c.D, bs = c.block_size;
+    const int NB = (T + bs - 1) / bs + 8;
+    const long long num_slots = (long long)NB * bs;
+    const size_t cache_n = (size_t)num_slots * kvrow, qkv_n = (size_t)T * row;
+    pool_t p;
+    pool_init(&p, rng, NB, bs);
+    int32_t *slots = mv_xmalloc(sizeof(int32_t) * (size_t)T), *pos = mv_xmalloc(sizeof(int32_t) * (size_t)T);
+    rope_config_t cfg = {c.D, 4096, 1e6, ROPE_SCALING_NONE, 0, 0, 0, 0};
+    rope_cache_t cache;
+    MV_CHECK(rope_cache_build(&cache, &cfg));
+    for (int t = 0; t < T; t++) {
+        // Every 7th token already cached (-1): its slot keeps the poison.
+        slots[t] = t % 7 == 3 ? -1 : p.free_blocks[t / bs] * bs + t % bs;
+        pos[t] = rng_int(rng, 0, cfg.max_position - 1);
+    }
+    MV_CHECK(kv_store_validate_slots(slots, T, num_slots));
+    bf16_t *h_qkv = mv_xmalloc(qkv_n * 2), *h_w = mv_xmalloc((size_t)2 * c.D * 2);
+    fill_normal_bf16(rng, h_qkv, qkv_n, 0.0f, 1.0f);
+    fill_uniform_bf16(rng, h_w, (size_t)2 * c.D, 0.5f, 1.5f);
+
+    rope_cache_gpu_t d_cache;
+    MV_CHECK(rope_cache_upload(&d_cache, &cache));
+    bf16_t *buf[2], *kc[2], *vc[2];
+    fused_ctx_t ctx[2];
+    bf16_t *d_w = gpu_alloc((size_t)2 * c.D * 2);
+    gpu_upload(d_w, h_w, (size_t)2 * c.D * 2);
+    int32_t *d_pos = gpu_alloc(sizeof(int32_t) * (size_t)T), *d_slots = gpu_alloc(sizeof(int32_t) * (size_t)T);
+    gpu_upload(d_pos, pos, sizeof(int32_t) * (size_t)T);
+    gpu_upload(d_slots, slots, sizeof(int32_t) * (size_t)T);
+    for (int i = 0; i < 2; i++) {
+        buf[i] = gpu_alloc((qkv_n + 8) * 2);
+        kc[i] = gpu_alloc(cache_n * 2);
+        vc[i] = gpu_alloc(cache_n * 2);
+        ctx[i] = (fused_ctx_t){buf[i] + c.misalign, kc[i], vc[i], d_w, d_w + c.D, d_pos, d_slots, &d_cache,
+                               T, c.H, c.Hkv, c.D, bs, NB, i};
+    }
+    const int one_kernel = qk_norm_rope_store_fused(ctx[1].qkv, ctx[1].qw, ctx[1].kw, &d_cache, kc[1], vc[1], c.H,
+                                                    c.Hkv, c.D);
+    char shape[160], detail[720], label[96];
+    snprintf(shape, sizeof shape, "T=%d q %dx%d kv %dx%d bs=%d%s: %s (%s)", T, c.H, c.D, c.Hkv, c.D, bs,
+             c.misalign ? " QKV+1" : "", c.why, one_kernel ? "one kernel" : "two kernels");
+    bf16_t *got_qkv = mv_xmalloc(qkv_n * 2), *want_qkv = mv_xmalloc(qkv_n * 2);
+    bf16_t *got_c = mv_xmalloc(cache_n * 2), *want_c = mv_xmalloc(cache_n * 2);
+    for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++) {
+        for (int i = 0; i < 2; i++) {
+            gpu_upload(ctx[i].qkv, h_qkv, qkv_n * 2);
+            gpu_poison(kc[i], cache_n * 2);
+            gpu_poison(vc[i], cache_n * 2);
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        if (pdl) MV_CHECK(mv_pdl_set(1));
+        const int rc = run_fused(&ctx[0], 0) || run_fused(&ctx[1], 0);
+        if (pdl) MV_CHECK(mv_pdl_set(0));
+        snprintf(label, sizeof label, "fused = qk_norm_rope v6 + store v2%s", pdl ? ", PDL" : "");
+        if (rc) {
+            snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
+            harness_check_bool(h, "gpu", "fused", label, 0, detail);
+            continue;
+        }
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_download(want_qkv, ctx[0].qkv, qkv_n * 2);
+        gpu_download(got_qkv, ctx[1].qkv, qkv_n * 2);
+        const int same_qkv = !memcmp(want_qkv, got_qkv, qkv_n * 2);
+        gpu_download(want_c, kc[0], cache_n * 2);
+        gpu_download(got_c, kc[1], cache_n * 2);
+        char kd[200], vd[200];
+        const long long bk = compare_cache(got_c, want_c, num_slots, c.Hkv, c.D, bs, kd, sizeof kd);
+        gpu_download(want_c, vc[0], cache_n * 2);
+        gpu_download(got_c, vc[1], cache_n * 2);
+        const long long bv = compare_cache(got_c, want_c, num_slots, c.Hkv, c.D, bs, vd, sizeof vd);
+        snprintf(detail, sizeof detail, "%s: QKV %s; K cache %s; V cache %s", shape, same_qkv ? "identical" : "DIFFERS",
+                 kd, vd);
+        harness_check_bool(h, "gpu", "fused", label, same_qkv && bk == 0 && bv == 0, detail);
+    }
+
+    // Against the CPU: qk_norm_rope_cpu on the fp32 QKV, then its k and v
+    // heads stored through the same slots, compared with the fused run's
+    // caches (left by the last run above) at every stored slot; the skipped
+    // and unused slots must still hold the poison.
+    float *f_qkv = mv_xmalloc(qkv_n * sizeof(float)), *f_w = mv_xmalloc((size_t)2 * c.D * sizeof(float));
+    bf16_to_float_array(f_qkv, h_qkv, qkv_n);
+    bf16_to_float_array(f_w, h_w, (size_t)2 * c.D);
+    MV_CHECK(qk_norm_rope_cpu(f_qkv, f_w, f_w + c.D, pos, &cache, T, c.H, c.Hkv, c.D, 1e-6f));
+    size_t stored = 0;
+    for (int t = 0; t < T; t++) stored += slots[t] >= 0;
+    float *want_k = mv_xmalloc((stored ? stored : 1) * kvrow * sizeof(float));
+    bf16_t *got_k = mv_xmalloc((stored ? stored : 1) * kvrow * 2), *got_v = mv_xmalloc(cache_n * 2);
+    gpu_download(got_c, kc[1], cache_n * 2);
+    gpu_download(got_v, vc[1], cache_n * 2);
+    int v_exact = 1, poison_kept = 1;
+    size_t j = 0;
+    for (int t = 0; t < T; t++) {
+        if (slots[t] < 0) continue;
+        for (int e = 0; e < kvrow; e++) {
+            want_k[j * kvrow + e] = f_qkv[(size_t)t * row + (size_t)c.H * c.D + e];
+            got_k[j * kvrow + e] = got_c[(size_t)slots[t] * kvrow + e];
+            v_exact &= got_v[(size_t)slots[t] * kvrow + e] == h_qkv[(size_t)t * row + (size_t)(c.H + c.Hkv) * c.D + e];
+        }
+        j++;
+    }
+    char *written = calloc((size_t)num_slots, 1);
+    for (int t = 0; t < T; t++)
+        if (slots[t] >= 0) written[slots[t]] = 1;
+    for (long long sl = 0; sl < num_slots; sl++)
+        if (!written[sl])
+            for (int e = 0; e < kvrow; e++)
+                poison_kept &= got_c[(size_t)sl * kvrow + e] == POISON_BF16 && got_v[(size_t)sl * kvrow + e] == POISON_BF16;
+    free(written);
+    harness_check(h, "gpu", "fused", "fused: K cache against the CPU", shape,
+                  compare_bf16("fused k", got_k, want_k, stored * kvrow, TOL_FUSED_K, 0), TOL_FUSED_K);
+    snprintf(detail, sizeof detail, "%s: %zu stored tokens' v heads %s", shape, stored,
+             v_exact ? "bit for bit the QKV's" : "DIFFER from the QKV's");
+    harness_check_bool(h, "gpu", "fused", "fused: V cache an exact copy", v_exact, detail);
+    snprintf(detail, sizeof detail, "%s: slots no token stores %s", shape,
+             poison_kept ? "keep the poison" : "were WRITTEN");
+    harness_check_bool(h, "gpu", "fused", "fused: nothing else written", poison_kept, detail);
+
+    if (do_time) {
+        // Bytes: q and k read and written (the QKV rows' q and k columns), v
+        // read, k and v written to the cache, weights and cos/sin rows small.
+        const double bytes = (double)T * ((double)(c.H + c.Hkv) * c.D * 2 * 2 + (double)kvrow * 2 * 3);
+        timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
+        for (int i = 0; i < 2; i++) {
+            const double ms = gpu_time_ms(run_fused, &ctx[i], opts);
+            snprintf(shape, sizeof shape, "T=%d q %dx%d kv %dx%d in QKV", T, c.H, c.D, c.Hkv, c.D);
+            harness_timing(h, "fused", i ? "qk_norm_rope_store (one kernel)" : "qk_norm_rope v6 + store v2", shape, ms,
+                           bytes, 0, 0);
+        }
+    }
+    for (int i = 0; i < 2; i++) gpu_free(buf[i]), gpu_free(kc[i]), gpu_free(vc[i]);
+    gpu_free(d_w); gpu_free(d_pos); gpu_free(d_slots);
+    rope_cache_gpu_free(&d_cache);
+    rope_cache_free(&cache);
+    free(p.free_blocks); free(slots); free(pos); free(h_qkv); free(h_w); free(got_qkv); free(want_qkv);
+    free(got_c); free(want_c); free(f_qkv); free(f_w); free(want_k); free(got_k); free(got_v);
+}
 #endif
 
 int main(int argc, char **argv) {
@@ -504,6 +686,26 @@ int main(int argc, char **argv) {
             check_and_time(&h, &rng, "large", (kcase_t){8, 128, 16, 0, 0}, big_T, 1, 85.0);
             check_and_time(&h, &rng, "large", (kcase_t){8, 128, 256, 0, 0}, big_T, 1, 85.0);
             check_and_time(&h, &rng, "large", (kcase_t){8, 128, 16, 1, 0}, big_T, 1, 0);
+        }
+
+        if (harness_kernel_wanted(&h, KV_STORE_FAST)) {
+            harness_section(&h, "The store fused with q/k norm + RoPE (qk_norm_rope_store_cuda) against version 6 + "
+                                "version 2 and the CPU");
+            // {H, Hkv, D, block_size, misalign, why}
+            const fcase_t fc[] = {
+                {16, 8, 128, 16, 0, "Qwen3-0.6B"},
+                {4, 2, 64, 32, 0, "head_dim 64 (the tiny checkpoints)"},
+                {2, 1, 128, 256, 0, "one kv head, block 256"},
+                {16, 8, 128, 16, 1, "QKV one element off 16 bytes"},
+                {4, 2, 96, 16, 0, "head_dim 96"},
+            };
+            const int fT[] = {1, 7, 300};
+            for (size_t i = 0; i < sizeof fc / sizeof fc[0]; i++)
+                for (int k = 0; k < 3; k++) check_fused(&h, &rng, fc[i], fT[k], 0);
+            if (h.do_timing) {
+                const int tT[] = {1, 64, 256, 8192};
+                for (int k = 0; k < 4; k++) check_fused(&h, &rng, fc[0], tT[k], 1);
+            }
         }
     }
 #endif

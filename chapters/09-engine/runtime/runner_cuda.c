@@ -205,6 +205,9 @@ typedef struct {
     // steps and enforce_eager run the plain kernels, which compute the same
     // bits (build/engine_check compares graphs with eager).
     int fast_decode;
+    // 1 (the default): q/k norm + RoPE and the KV store in one kernel
+    // (qk_norm_rope_store_cuda, the same bits); MV_FUSED_ROPE_STORE=0: the two.
+    int fused_rope_store;
     // 1 when the step runs the tensor-parallel path: its NCCL communicator,
     // the collectives and the vocab-parallel LM head. tp > 1, or tp = 1 with
     // MV_TP_COMM_OF_ONE=1 (a communicator of one rank, whose collectives copy:
@@ -547,11 +550,14 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 
 // Weights, RoPE cache, scratch and step buffers: everything a runner holds
 // but its KV cache and its graphs (the part that needs no other rank).
-// The experiment switches MV_MEGAKERNEL (0 or 1) and MV_DECODE_ATTENTION (3 or
-// 4): any other value is refused at creation, naming it, rather than read as
+// The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
+// 4) and MV_FUSED_ROPE_STORE (0 or 1): any other value is refused at creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
-    const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION");
+    const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
+    if (frs && strcmp(frs, "0") && strcmp(frs, "1"))
+        return mv_error("MV_FUSED_ROPE_STORE=%s: it takes 0 (q/k norm + RoPE and the KV store as two kernels) or 1 "
+                        "(one kernel, the default)", frs);
     if (mk && strcmp(mk, "0") && strcmp(mk, "1"))
         return mv_error("MV_MEGAKERNEL=%s: it takes 0 (the unfused decode graphs) or 1 (the megakernel, the default)",
                         mk);
@@ -575,6 +581,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     cuda_state_t *s = calloc(1, sizeof *s);
     if (!s) return mv_error("out of host memory");
     r->state = s;
+    s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
     s->collectives = s->layout.tp_size > 1 || comm_of_one();
@@ -830,8 +837,11 @@ static int decode_attention_version(void) {
 }
 
 // One decoder layer over the step's T tokens (see the list at the top).
+// decode_rows: how many rows, from the first, have one query token each
+// (all S in a decode step; in a mixed step the running rows ahead of the
+// prompts, as the scheduler orders them).
 static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const runner_step_t *in,
-                      int max_seqlen_q, int max_context_len) {
+                      int max_seqlen_q, int max_context_len, int decode_rows) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
     const qwen3_merged_t *qkv = &s->layout.qkv;
@@ -848,20 +858,37 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     cudaStream_t st = s->stream;
     const step_buffers_t *d = &s->d;
 
-    if (linear_cuda(s->cublas, s->d_qkv, s->d_hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st) ||
-        qk_norm_rope_cuda(ROPE_FAST, s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, T, nq, nkv, hd,
-                          eps, st) ||
-        store_kvcache_cuda(KV_STORE_FAST, s->d_qkv + k_col, qkv_n, s->d_qkv + v_col, qkv_n, cl->d_k_cache,
-                           cl->d_v_cache, d->slot_mapping, T, nkv, hd, bs, nb, st))
+    // q/k norm + RoPE and the KV store in one kernel where the qkv row is
+    // [q | k | v] (it is, for every tp: qwen3_layout), the same bits as the
+    // two kernels (kernels/rope.h); unless MV_FUSED_ROPE_STORE=0.
+    const int merged = k_col == nq * hd && v_col == (nq + nkv) * hd && qkv_n == (nq + 2 * nkv) * hd;
+    if (linear_cuda(s->cublas, s->d_qkv, s->d_hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st))
         return -1;
-    int rca;
-    if (T == S)  // all decode: one query token per row
-        rca = attention_decode_cuda(decode_attention_version(), 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
-                                    d->context_lens, d->block_tables, S, max_context_len, nq, nkv, hd, bs, nb,
-                                    s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
-    else
+    if (merged && s->fused_rope_store) {
+        if (qk_norm_rope_store_cuda(s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, cl->d_k_cache,
+                                    cl->d_v_cache, d->slot_mapping, T, nq, nkv, hd, eps, bs, nb, st))
+            return -1;
+    } else if (qk_norm_rope_cuda(ROPE_FAST, s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, T, nq, nkv,
+                                 hd, eps, st) ||
+               store_kvcache_cuda(KV_STORE_FAST, s->d_qkv + k_col, qkv_n, s->d_qkv + v_col, qkv_n, cl->d_k_cache,
+                                  cl->d_v_cache, d->slot_mapping, T, nkv, hd, bs, nb, st)) {
+        return -1;
+    }
+    // Rows of one query token (the first Sd, tokens 0 .. Sd-1) go to decode
+    // attention, which reads each kv head's keys once for its whole GQA group
+    // at the copy rate; the prompts' rows after them to prefill attention,
+    // whose tiles of 128 queries a one-token row would leave nearly empty
+    // (docs/09-engine.md, "Mixed steps"). Both write their rows of d_attn;
+    // the prefill launch takes the remaining rows' slices of the step's
+    // arrays (cu_seqlens_q holds absolute token offsets).
+    const int Sd = T == S ? S : decode_rows;
+    int rca = Sd > 0 && attention_decode_cuda(decode_attention_version(), 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache,
+                                              cl->d_v_cache, d->context_lens, d->block_tables, Sd, max_context_len, nq,
+                                              nkv, hd, bs, nb, s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
+    if (!rca && Sd < S)
         rca = attention_prefill_cuda(ATTN_PREFILL_FAST, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
-                                     d->cu_seqlens_q, d->context_lens, d->block_tables, S, max_seqlen_q, nq, nkv, hd,
+                                     d->cu_seqlens_q + Sd, d->context_lens + Sd,
+                                     d->block_tables + (size_t)Sd * s->max_blocks, S - Sd, max_seqlen_q, nq, nkv, hd,
                                      bs, nb, s->max_blocks, scale, st);
     if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, o_bias, T, H, qn, st) ||
         (tp && tp_allreduce_sum(s, s->d_x, (size_t)T * H, "o_proj")))
@@ -1007,7 +1034,8 @@ static int megakernel_prepare(model_runner_t *r) {
 // but these sizes and the attention bounds enters a launch, so the same call
 // can be captured into a CUDA graph. fp32 logits of the sampled rows are left
 // in s->d_logits. Nothing waits for the GPU here.
-static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqlen_q, int max_context_len) {
+static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqlen_q, int max_context_len,
+                           int decode_rows) {
     cuda_state_t *s = r->state;
     const qwen3_config_t *c = &r->cfg;
     const int H = c->hidden_size, V = c->vocab_size;
@@ -1043,7 +1071,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x,
                                              s->layers[l].d_input_norm, T, H, eps, s->stream)) ||
-            cuda_layer(r, s, &s->layers[l], in, max_seqlen_q, max_context_len))
+            cuda_layer(r, s, &s->layers[l], in, max_seqlen_q, max_context_len, decode_rows))
             return mv_error_prefix("layer %d", l);
     }
     if (N == 0) return 0;
@@ -1063,14 +1091,17 @@ static int cuda_forward(model_runner_t *r, const runner_step_t *in) {
     cuda_state_t *s = r->state;
     const int S = in->num_seqs;
     // Host-side upper bounds the attention launchers size their grids by.
-    int max_seqlen_q = 0, max_context_len = 0;
+    // And the rows of one query token ahead of the first longer one.
+    int max_seqlen_q = 0, max_context_len = 0, decode_rows = -1;
     for (int q = 0; q < S; q++) {
         int n = in->cu_seqlens_q[q + 1] - in->cu_seqlens_q[q];
         if (n > max_seqlen_q) max_seqlen_q = n;
+        if (n != 1 && decode_rows < 0) decode_rows = q;
         if (in->context_lens[q] > max_context_len) max_context_len = in->context_lens[q];
     }
+    if (decode_rows < 0) decode_rows = S;
     if (upload_step(r, s, in)) return -1;
-    return enqueue_forward(r, in->num_tokens, S, in->num_sample, max_seqlen_q, max_context_len);
+    return enqueue_forward(r, in->num_tokens, S, in->num_sample, max_seqlen_q, max_context_len, decode_rows);
 }
 
 // The sampler, with vLLM's other options around it when `opts` (a decode
@@ -1190,7 +1221,7 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
 // LM head's all-gather (the same collectives, in the same order, on every rank).
 static int enqueue_decode(model_runner_t *r, int Sg) {
     const cuda_state_t *s = r->state;
-    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg, 1));
+    return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len, Sg) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg, 1));
 }
 
 // Run the decode step: inputs up, then the graph (or the same launches).
