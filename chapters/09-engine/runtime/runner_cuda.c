@@ -208,6 +208,9 @@ typedef struct {
     // 1 (the default): q/k norm + RoPE and the KV store in one kernel
     // (qk_norm_rope_store_cuda, the same bits); MV_FUSED_ROPE_STORE=0: the two.
     int fused_rope_store;
+    // 1 (the default): a mixed step's leading one-token rows take decode
+    // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
+    int split_mixed;
     // 1 when the step runs the tensor-parallel path: its NCCL communicator,
     // the collectives and the vocab-parallel LM head. tp > 1, or tp = 1 with
     // MV_TP_COMM_OF_ONE=1 (a communicator of one rank, whose collectives copy:
@@ -551,13 +554,17 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // Weights, RoPE cache, scratch and step buffers: everything a runner holds
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
-// 4) and MV_FUSED_ROPE_STORE (0 or 1): any other value is refused at creation, naming it, rather than read as
+// 4), MV_FUSED_ROPE_STORE (0 or 1) and MV_SPLIT_MIXED (0 or 1): any other value is refused at creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
     const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
+    const char *mixed = getenv("MV_SPLIT_MIXED");
     if (frs && strcmp(frs, "0") && strcmp(frs, "1"))
         return mv_error("MV_FUSED_ROPE_STORE=%s: it takes 0 (q/k norm + RoPE and the KV store as two kernels) or 1 "
                         "(one kernel, the default)", frs);
+    if (mixed && strcmp(mixed, "0") && strcmp(mixed, "1"))
+        return mv_error("MV_SPLIT_MIXED=%s: it takes 0 (a mixed step's rows all through prefill attention) or 1 "
+                        "(its one-token rows through decode attention, the default)", mixed);
     if (mk && strcmp(mk, "0") && strcmp(mk, "1"))
         return mv_error("MV_MEGAKERNEL=%s: it takes 0 (the unfused decode graphs) or 1 (the megakernel, the default)",
                         mk);
@@ -582,6 +589,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     if (!s) return mv_error("out of host memory");
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
+    s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
     s->collectives = s->layout.tp_size > 1 || comm_of_one();
@@ -881,7 +889,7 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // (docs/09-engine.md, "Mixed steps"). Both write their rows of d_attn;
     // the prefill launch takes the remaining rows' slices of the step's
     // arrays (cu_seqlens_q holds absolute token offsets).
-    const int Sd = T == S ? S : decode_rows;
+    const int Sd = T == S ? S : s->split_mixed ? decode_rows : 0;
     int rca = Sd > 0 && attention_decode_cuda(decode_attention_version(), 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache,
                                               cl->d_v_cache, d->context_lens, d->block_tables, Sd, max_context_len, nq,
                                               nkv, hd, bs, nb, s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
