@@ -829,6 +829,129 @@ def render_workload_trace():
     return "\n".join(out) + "\n"
 
 
+def step_kernel_label(name, gemm_order):
+    """A friendly name for one kernel group of tests/gpu/step_kernels.py's JSON. GEMMs (cuBLAS's nvjet kernels) are
+    named by their place in the layer: the first four groups of 28 launches are qkv, o_proj, gate_up, down."""
+    if name.startswith("nvjet"):
+        return gemm_order.pop(0) if gemm_order else "cuBLAS GEMM"
+    for prefix, label in (("void embedding_kernel", "embedding"), ("void rmsnorm_kernel_v3<8, 4, 0>", "RMSNorm (layer 0)"),
+                          ("void rmsnorm_kernel_v3<8, 4, 1>", "fused add + RMSNorm (2 a layer, and the final norm)"),
+                          ("void rope_fused::kernel<8, 8, 1, 8, 1, 1>", "q/k norm + RoPE (chapter 05, version 6)"),
+                          ("void rope_fused::kernel<8, 8, 1, 6, 1, 1, 1>",
+                           "q/k norm + RoPE + KV store (qk_norm_rope_store_cuda)"),
+                          ("void store_kvcache_kernel_v2", "KV store (chapter 06, version 2)"),
+                          ("void decode_kernel_v2", "decode attention"), ("decode_reduce_kernel", "its reduction"),
+                          ("void silu_and_mul", "SiluAndMul"), ("void cublasLt::splitKreduce", "cuBLAS's split-K reduce"),
+                          ("void gather_last_tokens", "gather of the sampled rows"),
+                          ("bf16_to_f32", "logits bf16 to fp32"), ("sampling_prepare", "sampler: prepare"),
+                          ("sample_kernel_v2", "sampler: draw (greedy)"), ("sampling_finish", "sampler: finish")):
+        if name.startswith(prefix):
+            return label
+    return name
+
+
+def step_kernel_rows(step):
+    order = ["qkv_proj GEMM (cuBLAS)", "o_proj GEMM (cuBLAS)", "gate_up_proj GEMM (cuBLAS)", "down_proj GEMM (cuBLAS)"]
+    rows = {}
+    for g in step["groups"]:
+        if g["name"].startswith("nvjet") and g["count"] == 1:
+            label = "LM head GEMM (cuBLAS)"
+        else:
+            label = step_kernel_label(g["name"], order)
+        r = rows.setdefault(label, [0, 0.0])
+        r[0] += g["count"]
+        r[1] += g["us"]
+    return rows
+
+
+def render_step_kernels():
+    """One decode step's kernels at 256 and 64 rows (Nsight Compute, eager), before and after the fused store:
+    json/09-engine.step-kernels.json (now) and 09-engine.step-kernels.03b7954.json (before)."""
+    now, before = load("09-engine.step-kernels.json"), load("09-engine.step-kernels.03b7954.json")
+    if not now or not before:
+        return None
+    out = [f"Nsight Compute on **{now['gpu']}** ({now['date']}), `{now['command']}` (B = 256, then 64; prompts of 16 "
+           f"tokens, so attention has almost nothing to read): the kernels of the last decode step, each timed alone "
+           f"(`gpu__time_duration`, no overlap between kernels), grouped by what they do, at commit "
+           f"{before['commit']} and at commit {now['commit']} (the fused store, section 4).", ""]
+    for sn, sb in zip(now["steps"], before["steps"]):
+        rn, rb = step_kernel_rows(sn), step_kernel_rows(sb)
+        # The rows only one commit has sit where they run: the fused kernel just before the two it replaces.
+        labels, extra = [], [k for k in rn if k not in rb]
+        for k in rb:
+            if k not in rn and extra:
+                labels += extra
+                extra = []
+            labels.append(k)
+        labels += extra
+        out += [f"{sn['batch']} rows:", "",
+                f"| kernel | launches | us a step, {before['commit']} | us a step, {now['commit']} |",
+                "| --- | ---: | ---: | ---: |"]
+        for k in labels:
+            b, n = rb.get(k), rn.get(k)
+            cnt = (n or b)[0]
+            out.append(f"| {k} | {cnt} | {b[1]:,.1f} |" if b else f"| {k} | {cnt} | |")
+            out[-1] += f" {n[1]:,.1f} |" if n else " |"
+        out += [f"| **the step** | {sb['kernels']} / {sn['kernels']} | **{sb['total_us']:,.1f}** | "
+                f"**{sn['total_us']:,.1f}** |", ""]
+    return "\n".join(out)
+
+
+AB_MIXED = (("default", "both (the default)"), ("fused0", "`MV_FUSED_ROPE_STORE=0`: the two kernels"),
+            ("split0", "`MV_SPLIT_MIXED=0`: every mixed row through prefill attention"),
+            ("both0", "both off (the engine before commit 606b745)"))
+
+
+def render_mixed_ab():
+    """The workload with the fused store and the mixed-step split on and off (json/09-engine.ab-mixed.*.{json,csv}):
+    one run each, the step trace's prompt steps, decode steps and host time."""
+    runs = []
+    for key, what in AB_MIXED:
+        d = load(f"09-engine.ab-mixed.{key}.json")
+        path = os.path.join(JSON_DIR, f"09-engine.ab-mixed.{key}.csv")
+        if not d or not os.path.exists(path):
+            return None
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        pre = [r for r in rows if int(r["prefill_rows"]) > 0]
+        dec = [r for r in rows if int(r["prefill_rows"]) == 0]
+        runs.append((what, d, len(pre), sum(float(r["runner_us"]) for r in pre) / 1e6, len(dec),
+                     sum(float(r["runner_us"]) for r in dec) / 1e6, sum(float(r["host_us"]) for r in rows) / 1e6))
+    d0 = runs[0][1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --input W --sampling "
+           f"greedy --repeat 1 --step-trace FILE` on **{d0['gpu']}**, {d0['date'][:10]}, commit {d0['commit']}, W from "
+           f"`tests/bench/nanovllm_workload.py`, one run each in the same call, with the two switches of commit "
+           f"{d0['commit']}: the steps' time inside the model runner from the step trace.", "",
+           f"| engine | prompt steps ({runs[0][2]}) s | decode steps ({runs[0][4]:,}) s | host s | output tok/s |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    for what, d, npre, tpre, ndec, tdec, host in runs:
+        out.append(f"| {what} | {tpre:.3f} | {tdec:.3f} | {host:.3f} | {d['output_tok_s']:,.0f} |")
+    return "\n".join(out) + "\n"
+
+
+def render_fused_store(d):
+    """Chapter 06's fused q/k norm + RoPE + store against the two kernels (case "fused" of 06-kv-store.fused.json)."""
+    rows = {}
+    for t in d["timings"]:
+        if t["case"] == "fused":
+            T = int(re.search(r"T=(\d+)", t["shape"]).group(1))
+            rows.setdefault(T, {})["one" if "one kernel" in t["version"] else "two"] = t
+    out = [f"`./build/06-kv-store` on **{d['gpu']['name']}**, {d['date'][:10]}, the tree of commit ba0b136 (the run of "
+           f"`docs/results/06-kv-store.fused.md`): Qwen3-0.6B's 16 q and 8 kv heads of 128 in QKV rows, block size "
+           f"16, one launch (or the pair) per timed run. *MB moved*: q and k read and written, v read, k and v "
+           f"written to the cache. *% of copy*: of the {d.get('ceilings', {}).get('copy_gbs', 0):,.0f} GB/s copy "
+           f"bandwidth of the same run.", "",
+           "| tokens | MB moved | two kernels (us) | one kernel (us) | % of copy, one kernel | two / one |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for T in sorted(rows):
+        r = rows[T]
+        if "one" not in r or "two" not in r:
+            continue
+        out.append(f"| {T:,} | {r['one']['bytes'] / 1e6:.2f} | {fmt_us(r['two']['ms'])} | {fmt_us(r['one']['ms'])} | "
+                   f"{r['one']['pct_copy']:.1f} | {r['two']['ms'] / r['one']['ms']:.2f} |")
+    return "\n".join(out) + "\n"
+
+
 def engine_blocks():
     out = {}
     hf = load("09-engine.hf-peer.json")
@@ -851,6 +974,12 @@ def engine_blocks():
     trace = render_workload_trace()
     if trace:
         out["09-engine:workload-trace"] = ("09-engine.workload-trace.v3.json", trace)
+    sk = render_step_kernels()
+    if sk:
+        out["09-engine:step-kernels"] = ("09-engine.step-kernels.json", sk)
+    ab = render_mixed_ab()
+    if ab:
+        out["09-engine:mixed-ab"] = ("09-engine.ab-mixed.default.json", ab)
     lat = load("09-engine.latency.json")
     if lat:
         out["09-engine:latency"] = ("09-engine.latency.json", render_engine_latency(lat))
@@ -885,6 +1014,8 @@ def blocks():
                 out[f"{ch}:small-m"] = (name, render_small_m(d))
             if ch == "07-attention.v4":
                 out[f"{ch}:decode"] = (name, render_decode_versions(d))
+            if ch == "06-kv-store.fused":
+                out[f"{ch}:fused"] = (name, render_fused_store(d))
             if "." not in ch:  # compute-sanitizer runs once per chapter, not per GPU count
                 out[f"{ch}:sanitizer"] = (name, render_sanitizer(ch))
         if "workloads" in d:

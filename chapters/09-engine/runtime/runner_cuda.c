@@ -29,12 +29,13 @@
  *   per layer:
  *     fused_add_rmsnorm_cuda (layers > 0)       residual += x; hidden = norm(residual)
  *     linear_cuda                               qkv = hidden W_qkv^T
- *     qk_norm_rope_cuda                         q, k heads normed and rotated in place
- *     store_kvcache_cuda                        k, v of the new tokens -> cache slots
- *     attention_decode_cuda  (T == S: every row one token)
- *       or attention_prefill_cuda (any step with prompt tokens; chapter 08
- *       mixes prefill chunks and decodes in one step, and a decode row is a
- *       prefill row of one query, so the prefill kernel takes mixed steps)
+ *     qk_norm_rope_store_cuda                   q, k heads normed and rotated in place, and
+ *                                               k, v of the new tokens -> cache slots (one
+ *                                               kernel; qk_norm_rope_cuda + store_kvcache_cuda
+ *                                               with MV_FUSED_ROPE_STORE=0: the same bits)
+ *     attention_decode_cuda  (T == S: every row one token; in a mixed step
+ *       the leading rows of one token, the running decodes chapter 08 puts
+ *       first) and attention_prefill_cuda (the rows after them: prompts)
  *     linear_cuda                               x = attn W_o^T
  *     fused_add_rmsnorm_cuda                    residual += x; hidden = norm(residual)
  *     linear_cuda, silu_and_mul_cuda, linear_cuda   x = down(silu(gate) * up)
