@@ -102,6 +102,31 @@ struct dec_sync_block {
     static __device__ __forceinline__ void sync() { __syncthreads(); }
 };
 
+// What a piece does before its keys. dec_prep_plain: the queries are read
+// as they are (chapter 05 normed and rotated them, chapter 06 stored the
+// new key and value, kernels earlier). The decode megakernel passes its own
+// (kernels/decode_megakernel.cu, rope_prep): the q/k norm and the rotation
+// of its queries in the piece, and, in the piece that holds a row's last
+// key, that key and its value into the cache, so that they need no phase
+// and no grid barrier of their own.
+struct dec_prep_plain {
+    // qf[g] = this lane's 8 dims of query head h0 + g, times scale*log2(e).
+    // `last`: this piece holds row s's last key (kv head kvh). Returns
+    // whether the piece's threads must meet (its Sync) before they read any
+    // key: a Prep that stores that key returns true in every thread.
+    template <int D, int G, class Ld>
+    __device__ __forceinline__ bool begin(float (&qf)[G][8], const bf16 *q, long long q_stride, int s, int h0,
+                                          int kvh, int part, int tid, bool last, float scale_log2) const {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            bf16x8_to_float(Ld::v16(q + (long long)s * q_stride + (long long)(h0 + g) * D + part * 8), qf[g]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
+        }
+        return false;
+    }
+};
+
 // Shared memory of one piece's combine, in floats: the substreams'
 // accumulators [NSUB][G][D], then their m [NSUB][G] and l [NSUB][G].
 template <int D, int G>
@@ -113,11 +138,11 @@ __host__ __device__ constexpr int dec_piece_smem_floats() {
 // index in a grid of Hkv * groups_per_kv), sequence s, piece `split`, by
 // DEC_THREADS threads (tid: this one); sm holds dec_piece_smem_floats<D, G>()
 // floats. Every thread of the piece calls it (it holds one Sync::sync()).
-template <int D, int G, class Ld, class Sync = dec_sync_block>
+template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain>
 __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
                                                 bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
                                                 int H, int Hkv, float scale_log2, int num_splits, int split_len,
-                                                float *ws_o, float *ws_ml) {
+                                                float *ws_o, float *ws_ml, const Prep &prep = Prep()) {
     constexpr int U = dec_unroll(G);
     constexpr int LPK = D / 8;             // lanes per key row
     constexpr int SUB = 32 / LPK;          // keys per warp load
@@ -146,12 +171,7 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     }
 
     float qf[G][8];  // this lane's 8 dims of the G queries, times scale*log2(e)
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-        bf16x8_to_float(Ld::v16(q + (long long)s * q_stride + (long long)(h0 + g) * D + part * 8), qf[g]);
-#pragma unroll
-        for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
-    }
+    if (prep.template begin<D, G, Ld>(qf, q, q_stride, s, h0, kvh, part, tid, end == ctx, scale_log2)) Sync::sync();
     float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; g++) {

@@ -44,6 +44,9 @@
  *   1  [residual += x] RMSNorm -> X (every block, all M rows: 2 KB each from
  *      L2), qkv GEMV from A -> qkv;  A <- gate_up                     | barrier
  *   2  q/k norm + RoPE (LANES lanes a head), k and v into the cache  | barrier
+ *      (MV_MEGAKERNEL_FUSED_ROPE=0 only: by default each decode piece
+ *      norms and rotates its own queries, and the piece with a row's new
+ *      key stores it and its value: rope_prep, one phase and barrier less)
  *   3  decode pieces (kv head, row, piece)                           | barrier
  *   4  their reduction (head, row), when the context is split        | barrier
  *   5  attn -> X, o_proj GEMV from B -> x;  B <- down                | barrier
@@ -130,6 +133,7 @@ struct params {
     int block_shift;
     long long num_slots;
     unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
+    int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
 };
@@ -429,13 +433,120 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
     }
 }
 
+// ---- q/k norm + RoPE + the KV store inside the attention pieces -------------------------
+//
+// MV_MEGAKERNEL_FUSED_ROPE=1 (the default, where a kv head has one piece
+// CTA per row and piece: groups_per_kv 1): phase 2 and its barrier are gone.
+// A piece normalises and rotates its own G query heads from the raw QKV
+// row, and the piece that holds a row's last key (the new token's) computes
+// that key the same way, stores it and its value into the cache, and meets
+// its team before reading keys. The arithmetic is rope_store's, lane for
+// lane: in a piece a lane holds dims part*8 .. part*8 + 7 of a head (LPK =
+// D / 8 lanes a head), so lane part % (LPK / 2) of the first half is
+// rope_store's lane, and the lane of the same dims in the second half
+// computes the same sum of squares, the same group sum over its own LPK / 2
+// lanes and takes the rotation's second output. Every piece of a row
+// computes its queries again (G heads of D values: a few hundred FLOPs).
+template <int D>
+struct rope_prep {
+    static constexpr int VEC = 8, LANES = D / 16, HALF = D / 2;
+    using vec_t = rope_fused::pack<VEC>;
+    using fvec_t = rope_fused::fvec<VEC>;
+    const params *p;
+    megakernel_layer_t ly;
+
+    // A head's two halves as rope_store's lane (part % LANES) reads them.
+    struct raw {
+        vec_t x1, x2;
+    };
+    static __device__ __forceinline__ raw load(const bf16 *head, int part) {
+        const int lane = part % LANES;
+        uint4 r1 = ldcg16(head + lane * VEC), r2 = ldcg16(head + HALF + lane * VEC);
+        return {*reinterpret_cast<const vec_t *>(&r1), *reinterpret_cast<const vec_t *>(&r2)};
+    }
+    // The head normed with w and rotated by (cs, sn): this lane's 8 dims.
+    __device__ __forceinline__ vec_t norm_rope(const raw &x, const bf16_t *wt, const fvec_t &cs, const fvec_t &sn,
+                                               int part) const {
+        using namespace rope_fused;
+        const int lane = part % LANES;
+        const bf16 *w = reinterpret_cast<const bf16 *>(wt);
+        const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
+        const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
+        float ss = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) {
+            const float a = get(x.x1, e), b = get(x.x2, e);
+            ss += a * a + b * b;
+        }
+        const float inv_rms = group_inv_rms<LANES>(ss, 0xffffffffu, D, p->a.eps);
+        float co[VEC], si[VEC], o1[VEC], o2[VEC];
+#pragma unroll
+        for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
+        rotate_scaled<VEC>(x.x1, x.x2, wa, wb, co, si, o1, o2);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
+        return part < LANES ? put<VEC>(o1) : put<VEC>(o2);
+    }
+
+    // Every load first (the queries, and in the last piece warp 0's key,
+    // value and slot), then the cos/sin row of the position, then the math:
+    // two trips to L2 before the keys, where the plain queries take one
+    // but come after rope_store's phase and its barrier. Warp 0 of the last piece
+    // computes its kv head's new key (both substreams the same lanes'
+    // values); its first D / 8 lanes store key and value, 16 bytes each, as
+    // rope_store does (slot -1: a padding row, left alone).
+    template <int DD, int G, class Ld>
+    __device__ __forceinline__ bool begin(float (&qf)[G][8], const bf16 *q, long long q_stride, int s, int h0,
+                                          int kvh, int part, int tid, bool last, float scale_log2) const {
+        static_assert(DD == D, "one head size");
+        const megakernel_args_t &a = p->a;
+        const int pos = a.positions[s], nkv = a.num_kv_heads;
+        raw xq[G];
+#pragma unroll
+        for (int g = 0; g < G; g++) xq[g] = load(q + (long long)s * q_stride + (long long)(h0 + g) * D, part);
+        const bool key = last && tid < 32;
+        const bf16 *khead = reinterpret_cast<const bf16 *>(a.qkv) + (long long)s * p->qkv_n + p->qn + kvh * D;
+        raw xk = {};
+        uint4 v = make_uint4(0, 0, 0, 0);
+        int slot = -1;
+        if (key) {
+            xk = load(khead, part);
+            v = ldcg16(khead + nkv * D + part * 8);
+            slot = a.slot_mapping[s];
+        }
+        rope_fused::check_pos(pos, a.max_position);
+        const int lane = part % LANES;
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const vec_t y = norm_rope(xq[g], ly.q_norm, cs, sn, part);
+            bf16x8_to_float(*reinterpret_cast<const uint4 *>(&y), qf[g]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
+        }
+        if (!last) return false;
+        if (key) {
+            const vec_t y = norm_rope(xk, ly.k_norm, cs, sn, part);
+            check_slot(slot, p->num_slots);
+            if (tid < D / 8 && slot >= 0) {
+                const long long at = (long long)slot * nkv * D + (long long)kvh * D + part * 8;
+                *reinterpret_cast<vec_t *>(reinterpret_cast<bf16 *>(ly.k_cache) + at) = y;
+                *reinterpret_cast<uint4 *>(reinterpret_cast<bf16 *>(ly.v_cache) + at) = v;
+            }
+        }
+        return true;
+    }
+};
+
 // ---- attention (chapter 07's decode pieces and reduction) --------------------------------
 
 // The pieces (kv head group, row, piece) go to the teams of DEC_THREADS
 // threads: team 0 of every block first, then team 1, ...; each team has its
 // own combine buffer (dec_piece_smem_floats) and named barrier.
-template <int D, int G, int NW>
-__device__ __forceinline__ void attention(const params &p, const megakernel_layer_t &ly, int M, float *sm) {
+template <int D, int G, int NW, class Prep>
+__device__ __forceinline__ void attention(const params &p, const megakernel_layer_t &ly, int M, float *sm,
+                                          const Prep &prep) {
     constexpr int TEAMS = cfg<NW>::TEAMS;
     const int team = threadIdx.x / DEC_THREADS;
     sm += team * dec_piece_smem_floats<D, G>();
@@ -451,7 +562,7 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
         decode_piece_v2<D, G, dec_ld_cg, team_sync>(bx, s, split, p.groups_per_kv, threadIdx.x % DEC_THREADS, sm,
                                                     reinterpret_cast<bf16 *>(a.attn),
                                                     reinterpret_cast<const bf16 *>(a.qkv), p.qkv_n, kv, nq, nkv,
-                                                    p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml);
+                                                    p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml, prep);
         team_sync::sync();  // sm is the team's next piece's
     }
 }
@@ -548,7 +659,10 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     }
     grid_barrier_t gb = grid_barrier_make(a.barrier);
     unsigned long long *tl = a.timeline;
-    if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1)] = globaltimer();
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) {
+        tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1)] = globaltimer();
+        tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1) + 1] = 1u + (unsigned)p.fused_rope;
+    }
     const megakernel_layer_t *layers = a.d_layers;
     bf16 *res[2] = {reinterpret_cast<bf16 *>(a.residual), reinterpret_cast<bf16 *>(a.residual2)};
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
@@ -573,11 +687,16 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl);
-        // 2. q/k norm, RoPE, KV store
-        rope_store<D / 16, NW>(p, ly, MT);
-        barrier<NW>(&gb, tl);
-        // 3-4. attention
-        attention<D, G, NW>(p, ly, MT, att);
+        if (p.fused_rope) {
+            // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
+        } else {
+            // 2. q/k norm, RoPE, KV store
+            rope_store<D / 16, NW>(p, ly, MT);
+            barrier<NW>(&gb, tl);
+            // 3. attention
+            attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
+        }
         barrier<NW>(&gb, tl);
         if (p.num_splits > 1) {
             attention_reduce<D, NW>(p, MT);
@@ -711,6 +830,13 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.num_splits = attention_decode_num_splits(M, nkv, a->max_context_len, a->block_size);
     p.split_len = -dec_tile(D, dec_unroll(G));
     p.groups_per_kv = nq / nkv / G;
+    // q/k norm, RoPE and the KV store inside the attention pieces
+    // (MV_MEGAKERNEL_FUSED_ROPE=0: their own phase, for comparison). Only
+    // where one piece CTA covers a kv head's queries, so that one piece
+    // alone stores each new key.
+    const char *fr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
+    if (fr && strcmp(fr, "0") && strcmp(fr, "1")) NOPE("MV_MEGAKERNEL_FUSED_ROPE=%s (0 or 1)", fr);
+    p.fused_rope = !(fr && !strcmp(fr, "0")) && p.groups_per_kv == 1;
     p.scale_log2 = (1.0f / sqrtf((float)D)) * 1.4426950408889634f;
     int shift = 0;
     while ((1 << shift) < a->block_size) shift++;

@@ -87,7 +87,9 @@ typedef struct {
     unsigned *barrier;                    // one counter, zeroed by decode_megakernel_cuda
     // NULL, or [MEGAKERNEL_TIMELINE_WORDS] for a profile of the step: for
     // barrier i, [2i] the last block's arrival and [2i + 1] block 0's
-    // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start;
+    // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start,
+    // [2 * (slots - 1) + 1] 1 + whether q/k norm and RoPE ran in the
+    // attention pieces (MV_MEGAKERNEL_FUSED_ROPE: no phase of their own);
     // then the marks inside the projections (MEGAKERNEL_TIMELINE_MARK).
     unsigned long long *timeline;
 } megakernel_args_t;

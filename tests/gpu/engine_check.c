@@ -428,7 +428,9 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
 // the check would pass without running it. Since the megakernel is the
 // default, the same steps also run from graphs with MV_MEGAKERNEL=0 (the
 // unfused kernels at 1 to 8 rows, which no other case reaches), which must
-// not take it and must give the same bits too.
+// not take it and must give the same bits too; and at 1 and 2 rows with
+// MV_MEGAKERNEL_FUSED_ROPE=0 (the megakernel's q/k norm + RoPE + KV store
+// as a phase of their own instead of inside its attention pieces).
 static int megakernel_expected(void) {
 #if MV_HAVE_CUDA
     int dev = 0, major = 0;
@@ -440,11 +442,13 @@ static int megakernel_expected(void) {
 #endif
 }
 
-// use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0.
+// use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0, 2 with
+// MV_MEGAKERNEL=1 and MV_MEGAKERNEL_FUSED_ROPE=0 (1 and 2 rows only).
 static void check_megakernel_with(const char *dir, const golden_t *g, int random_weights, int use) {
     static const int batches[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
         const int B = batches[bi], n = B <= g->n_cases ? B : g->n_cases;
+        if (use == 2 && B > 2) break;
         for (int sampled = 0; sampled < 2; sampled++) {
             engine_output_t a[MAX_CASES], b[MAX_CASES];
             logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
@@ -455,9 +459,11 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
             char saved[16];
             snprintf(saved, sizeof saved, "%s", was ? was : "");
             setenv("MV_MEGAKERNEL", use ? "1" : "0", 1);
+            if (use == 2) setenv("MV_MEGAKERNEL_FUSED_ROPE", "0", 1);
             const int rc_a = !ha || !hb || run_hashed_ex(dir, 0, sampled, g, f, n, B, random_weights, a, ha, &graphs, &mk);
             if (was) setenv("MV_MEGAKERNEL", saved, 1);
             else unsetenv("MV_MEGAKERNEL");
+            if (use == 2) unsetenv("MV_MEGAKERNEL_FUSED_ROPE");
             if (rc_a || run_hashed_ex(dir, 1, sampled, g, f, n, B, random_weights, b, hb, &none, &dummy)) {
                 verdict("FAIL", "%s megakernel, %d rows, %s: %s", dir, B, sampled ? "sampled" : "greedy", mv_last_error());
                 free(ha), free(hb);
@@ -471,10 +477,11 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
                 for (int k = 0; k < MAX_IDS; k++) bad_rows += ha->hash[i][k] != hb->hash[i][k];
             }
             const int ran = B <= mk;
-            char how[96];
+            char how[160];
             if (use)
-                snprintf(how, sizeof how, "%s (megakernel: steps of 1 to %d rows)",
-                         ran ? "the megakernel" : "the unfused graph", mk);
+                snprintf(how, sizeof how, "%s%s (megakernel: steps of 1 to %d rows)",
+                         ran ? "the megakernel" : "the unfused graph",
+                         use == 2 ? " with MV_MEGAKERNEL_FUSED_ROPE=0" : "", mk);
             else
                 snprintf(how, sizeof how, "the unfused graph (MV_MEGAKERNEL=0)");
             if (use && mk == 0 && megakernel_expected())
@@ -499,6 +506,7 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
 static void check_megakernel(const char *dir, const golden_t *g, int random_weights) {
     check_megakernel_with(dir, g, random_weights, 1);
     check_megakernel_with(dir, g, random_weights, 0);
+    check_megakernel_with(dir, g, random_weights, 2);
 }
 
 // Qwen3-0.6B's shapes with random weights: 8 prompts of 20 to 62 ids

@@ -13,9 +13,11 @@
 #      alternated; its profile (MV_MEGAKERNEL_PROFILE=1); the latency mode at batch 1, 2 and 8
 #   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
 #      decode steps take the megakernel
-# Knobs: ROUNDS (the alternated one-stream rounds, 2), LATENCY=0 (no latency mode), SKIP_CHECK=1,
+# Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
+# (no latency mode), SKIP_CHECK=1,
 # SKIP_CH07=1, CHECK_S / CH07_S (their time limits), SWEEP (below).
-# Leaves under $OUT: engine_check.txt, 09-engine.mk-*.json, sanitizer logs, run.log.
+# Leaves under $OUT: engine_check.txt, 09-engine.<variant>.single.<round>.json,
+# megakernel.profile.<variant>.txt, sanitizer logs, run.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/mv-out}
 mkdir -p "$OUT"
@@ -45,16 +47,32 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
 fi
 
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
+# The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
+# "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
+# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE).
+variant_env() {
+  case "$1" in
+    mk1) echo MV_MEGAKERNEL=1 ;;
+    mk0) echo MV_MEGAKERNEL=0 ;;
+    fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
+    fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
+    *) echo "unknown variant $1" >&2; return 1 ;;
+  esac
+}
 for round in $(seq 1 "${ROUNDS:-2}"); do
-  for mk in 1 0; do
-    echo "=================== one stream, MV_MEGAKERNEL=$mk (round $round)"
-    MV_MEGAKERNEL=$mk timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
-      --repeat 3 --json "$OUT/09-engine.mk$mk.single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
+  for v in ${VARIANTS:-mk1 mk0}; do
+    e=$(variant_env "$v") || exit 2
+    echo "=================== one stream, $e (round $round)"
+    env $e timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
+      --repeat 3 --json "$OUT/09-engine.$v.single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
   done
 done
-echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1 (the last step's phases)"
-MV_MEGAKERNEL=1 MV_MEGAKERNEL_PROFILE=1 timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
-  --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.txt"
+for v in ${PROFILES:-mk1}; do
+  e=$(variant_env "$v") || exit 2
+  echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $e (the last step's phases)"
+  env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
+    --output-len 256 --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.$v.txt"
+done
 # SWEEP="CHUNK:RING[:WARPS] ...": the producer's pacing (bytes a copy : copies in flight) and
 # the consumer warps (MV_MEGAKERNEL_WARPS; default the kernel's), one stream each, with the profile.
 for cr in ${SWEEP:-}; do

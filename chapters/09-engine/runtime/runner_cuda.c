@@ -386,12 +386,17 @@ static void megakernel_profile_print(const model_runner_t *r, const cuda_state_t
     }
     int used = 0;
     while (used < slots - 1 && t[2 * used + 1]) used++;
-    const int per = L > 0 ? used / L : 0;
-    static const char *names7[] = {"norm + qkv", "q/k norm + RoPE + KV store", "attention pieces", "their reduction",
-                                   "o_proj", "norm + gate_up", "SiluAndMul + down"};
-    static const char *names6[] = {"norm + qkv", "q/k norm + RoPE + KV store", "attention", "o_proj",
-                                   "norm + gate_up", "SiluAndMul + down"};
-    if (per == 6 || per == 7) {
+    const int per = L > 0 ? used / L : 0, fused = t[2 * (slots - 1) + 1] == 2;
+    // A layer's phases: q/k norm + RoPE + KV store have their own unless
+    // they ran in the attention pieces; the pieces' reduction, when split.
+    static const char *all[] = {"norm + qkv", "q/k norm + RoPE + KV store", "attention pieces", "their reduction",
+                                "o_proj", "norm + gate_up", "SiluAndMul + down"};
+    const char *names[7];
+    int n = 0;
+    const int reduce_phase = per == (fused ? 6 : 7);
+    for (int j = 0; j < 7; j++)
+        if (!(j == 1 && fused) && !(j == 3 && !reduce_phase)) names[n++] = j == 2 && fused ? "rope + attention pieces" : all[j];
+    if (n == per) {
         const unsigned long long start = t[2 * (slots - 1)];
         fprintf(stderr, "minivllm: megakernel profile of the last step (%d barriers, %.1f us to the last): "
                         "per phase, the mean over %d layers of\n  %-28s %10s %10s\n", used,
@@ -404,7 +409,7 @@ static void megakernel_profile_print(const model_runner_t *r, const cuda_state_t
                 work += (double)(t[2 * i] - from);
                 wait += (double)(t[2 * i + 1] - t[2 * i]);
             }
-            fprintf(stderr, "  %-28s %10.2f %10.2f\n", per == 7 ? names7[j] : names6[j], work / L / 1e3, wait / L / 1e3);
+            fprintf(stderr, "  %-28s %10.2f %10.2f\n", names[j], work / L / 1e3, wait / L / 1e3);
         }
         // Block 0 inside the projections: from the barrier before (its
         // departure) to its input staged, to its weights landed, to its GEMV done.
@@ -555,11 +560,16 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // Weights, RoPE cache, scratch and step buffers: everything a runner holds
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
-// 4), MV_FUSED_ROPE_STORE (0 or 1) and MV_SPLIT_MIXED (0 or 1): any other value is refused at creation, naming it, rather than read as
+// 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
+// 1): any other value is refused at
+// creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
     const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
-    const char *mixed = getenv("MV_SPLIT_MIXED");
+    const char *mixed = getenv("MV_SPLIT_MIXED"), *mkr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
+    if (mkr && strcmp(mkr, "0") && strcmp(mkr, "1"))
+        return mv_error("MV_MEGAKERNEL_FUSED_ROPE=%s: it takes 0 (the megakernel's q/k norm + RoPE + KV store as a "
+                        "phase of their own) or 1 (inside its attention pieces, the default)", mkr);
     if (frs && strcmp(frs, "0") && strcmp(frs, "1"))
         return mv_error("MV_FUSED_ROPE_STORE=%s: it takes 0 (q/k norm + RoPE and the KV store as two kernels) or 1 "
                         "(one kernel, the default)", frs);
