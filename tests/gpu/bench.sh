@@ -18,8 +18,9 @@
 #   3. single-stream decode: 1 request, 512 + 256, --repeat 5 (docs/results' 09-engine:single)
 #   4. scaling: --latency at batch 1 to 256 (512 + 256), and one stream at contexts 512 to 32768
 #   5. on cuda, single stream and the greedy workload again with --enforce-eager (no CUDA graphs)
-# SKIP_FILE=1 leaves out the workload at the file's own sampling, SKIP_EAGER=1 step 5 (for a run
-# that changed nothing they measure; their JSON stays that of an earlier commit).
+# SKIP_FILE=1 leaves out the workload at the file's own sampling, SKIP_WORKLOAD=1 all of step 1,
+# SKIP_EAGER=1 step 5 (for a run that changed nothing they measure; their JSON stays that of an
+# earlier commit).
 # It leaves under $OUT (copy the JSON into docs/results/json/):
 #   09-engine.nanovllm-greedy.json  09-engine.nanovllm-qwen3.json  09-engine.nanovllm-file.json
 #   09-engine.latency.json          09-engine.single.json           bench.log (everything printed)
@@ -87,9 +88,11 @@ step() {  # step NAME CAP ARGS...: one bench run, its JSON in $OUT/09-engine.NAM
   steps+=("$name")
 }
 
-step nanovllm-greedy 120 --input "$WORK" --sampling greedy --repeat 3
-step nanovllm-qwen3 120 --input "$WORK" --sampling qwen3 --repeat 3
-[ "${SKIP_FILE:-0}" = 1 ] || step nanovllm-file 120 --input "$WORK" --repeat 3
+if [ "${SKIP_WORKLOAD:-0}" != 1 ]; then
+  step nanovllm-greedy 120 --input "$WORK" --sampling greedy --repeat 3
+  step nanovllm-qwen3 120 --input "$WORK" --sampling qwen3 --repeat 3
+  [ "${SKIP_FILE:-0}" = 1 ] || step nanovllm-file 120 --input "$WORK" --repeat 3
+fi
 step latency 120 --latency --batch 1,8,64 "${lat_args[@]}" --repeat 3
 step single 60 --num-seqs 1 "${single_args[@]}" --repeat 5
 # Scaling: output tok/s against the batch size (512 + 256 each), and one stream against the context length.
