@@ -1,0 +1,110 @@
+/*
+ * tests/gpu/gemv_probe.cu - the decode megakernel's GEMV from shared memory,
+ * alone.
+ *
+ * In the megakernel's profile (MV_MEGAKERNEL_PROFILE=1) block 0 spends 1.1
+ * to 2.6 us in a projection's GEMV once its weights have landed: 32 to 96
+ * KB a block, 27 to 38 GB/s an SM from shared memory. Is that the GEMV's
+ * own speed, or the kernel around it (the producer's bulk copies into the
+ * other buffer, the other warps, the timer)? This probe runs the
+ * megakernel's own mk::gemv (the file is included, not copied) on one
+ * block a SM, 132 blocks, with block 0's share of each of Qwen3-0.6B's
+ * projections already in shared memory and nothing else running, and
+ * times it with clock64 and %globaltimer:
+ *
+ *   per projection and consumer-warp count (8, the kernel's; 16): the
+ *   cycles and ns of one GEMV (the mean of 200 after 10 to warm up,
+ *   thread 0 of block 0 after all consumer warps met), and the bytes of
+ *   weights a block read per ns;
+ *   %globaltimer's step: the smallest non-zero difference of two reads.
+ *
+ *   nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu \
+ *     -Lbuild/lib -lmv_ch07 -lmv_ch03 -lmv_core -lcublas -lnccl -o build/gemv_probe
+ *   build/gemv_probe
+ */
+#include "kernels/decode_megakernel.cu"
+
+#include <cstdio>
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            return 1;                                                                          \
+        }                                                                                      \
+    } while (0)
+
+enum { REPS = 200, WARM = 10 };
+
+// One block a SM; CONSUMERS threads, as the megakernel's consumer warps.
+// Shared memory: the share's weights [rows, K], xs [1, K], part.
+template <int NW>
+__global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *result) {
+    using namespace mk;
+    extern __shared__ __align__(128) unsigned char smem[];
+    wbuf b = {reinterpret_cast<uint4 *>(smem), nullptr, nullptr, 0u, 0, 0};
+    share(N, &b.row0, &b.rows);
+    const size_t wbytes = (size_t)b.rows * K * 2;
+    uint4 *xs = reinterpret_cast<uint4 *>(smem + (wbytes + 127) / 128 * 128);
+    float *part = reinterpret_cast<float *>(xs + K / 8);
+    // Weights and input: small bf16 values from the index (any bits will do).
+    for (size_t i = threadIdx.x; i < wbytes / 16 + K / 8; i += blockDim.x) {
+        const unsigned h = (unsigned)i * 2654435761u;
+        const uint32_t w = 0x3c003c00u ^ (h & 0x007f007fu);
+        reinterpret_cast<uint4 *>(smem)[i < wbytes / 16 ? i : 0] = make_uint4(w, w, w, w);
+        if (i >= wbytes / 16) xs[i - wbytes / 16] = make_uint4(w, w, w, w);
+    }
+    __syncthreads();
+    unsigned long long c_sum = 0, t_sum = 0;
+    for (int r = 0; r < WARM + REPS; r++) {
+        const unsigned long long c0 = clock64(), t0 = globaltimer();
+        gemv<1, NW>(b, K, ks, xs, out, N, part);
+        csync<NW>::sync();
+        const unsigned long long c1 = clock64(), t1 = globaltimer();
+        if (r >= WARM) c_sum += c1 - c0, t_sum += t1 - t0;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        result[0] = c_sum, result[1] = t_sum, result[2] = (unsigned long long)b.rows;
+        // %globaltimer's step.
+        unsigned long long prev = globaltimer(), step = ~0ull;
+        for (int i = 0; i < 20000; i++) {
+            const unsigned long long t = globaltimer();
+            if (t != prev && t - prev < step) step = t - prev;
+            prev = t;
+        }
+        result[3] = step;
+    }
+}
+
+template <int NW>
+static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms) {
+    const int ks = linear_gemv_k_split(K);
+    const size_t rows = share_bytes(N, K, sms) / 2 / K;
+    const size_t smem = (rows * K * 2 + 127) / 128 * 128 + (size_t)K * 2 + rows / 2 * ks * 2 * sizeof(float) + 256;
+    CK(cudaFuncSetAttribute(gemv_alone<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    gemv_alone<NW><<<sms, 32 * NW, smem>>>(N, K, ks, out, d_res);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    unsigned long long r[4];
+    CK(cudaMemcpy(r, d_res, sizeof r, cudaMemcpyDeviceToHost));
+    const double cyc = (double)r[0] / REPS, ns = (double)r[1] / REPS;
+    printf("%-13s warps %2d  rows %3llu  K %5d  ks %d  %8.0f cycles  %7.0f ns  %6.1f bytes/ns  (%.2f GHz)  "
+           "globaltimer step %llu ns\n",
+           name, NW, r[2], K, ks, cyc, ns, (double)r[2] * K * 2 / ns, cyc / ns, r[3]);
+    return 0;
+}
+
+int main() {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    bf16 *out;
+    unsigned long long *d_res;
+    CK(cudaMalloc(&out, (size_t)6144 * 2 * 2));
+    CK(cudaMalloc(&d_res, 4 * sizeof(unsigned long long)));
+    const struct { const char *name; int N, K; } p[] = {
+        {"qkv_proj", 4096, 1024}, {"o_proj", 1024, 2048}, {"gate_up_proj", 6144, 1024}, {"down_proj", 1024, 3072}};
+    for (const auto &x : p)
+        if (run<8>(x.name, x.N, x.K, out, d_res, sms) || run<16>(x.name, x.N, x.K, out, d_res, sms)) return 1;
+    return 0;
+}
