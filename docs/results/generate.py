@@ -238,10 +238,10 @@ def not_measured(name):
             f"copy it to `docs/results/json/` and rerun `python3 docs/results/generate.py`.\n")
 
 
-def bench_source(d):
+def bench_source(d, scripts="`tests/gpu/engine.sh`"):
     gpu = d.get("gpu") or "an unnamed machine"
     return (f"From `{d['command']}` on **{gpu}** ({d['device']} backend, {d['host_cpus']} host CPUs), "
-            f"{d['date'][:10]}, run by `bash tests/gpu/engine.sh`.")
+            f"{d['date'][:10]}, commit {d.get('commit', 'unknown')}, run by {scripts}.")
 
 
 def render_engine_bench(d):
@@ -287,7 +287,8 @@ def render_engine_single(d):
     weights = ", random weights" if d.get("random_weights") else ""
     if "mv-qwen3-0.6b-random" in d.get("model_dir", ""):  # engine.sh's temporary checkpoint
         weights = ", on the bf16 checkpoint `tests/gpu/compare_hf.py --keep` had just written"
-    out = [bench_source(d) + f" One request: a {d['prompt_tokens']}-token prompt, then {d['output_tokens']} tokens "
+    out = [bench_source(d, "`tests/gpu/engine.sh` or `tests/gpu/bench.sh` (both write this file)") +
+           f" One request: a {d['prompt_tokens']}-token prompt, then {d['output_tokens']} tokens "
            f"decoded one at a time{weights}.", "", head, rule, row, "",
            f"*weight GB/s* = {n_params / 1e6:.0f}M parameters x 2 bytes (bf16) x output tokens / generate s: decode "
            "reads every weight once per token (the LM head included), so this is the bandwidth the step sustains. "
@@ -432,17 +433,18 @@ def render_engine_graphs(pairs):
            "",
            "| run | graphs: output tok/s | TPOT p50 ms | eager: output tok/s | TPOT p50 ms | graphs / eager |",
            "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    older = []
+    older = {}  # (side, commit, date) -> the rows measured there
     for what, g, e in pairs:
         out.append(f"| {what} | {g['output_tok_s']:,.0f} | {g['tpot_ms']['p50']:.2f} | {e['output_tok_s']:,.0f} | "
                    f"{e['tpot_ms']['p50']:.2f} | {g['output_tok_s'] / e['output_tok_s']:.2f}x |")
-        for x in (g, e):
-            if x["commit"] != d0["commit"] and (x["commit"], x["date"][:10]) not in older:
-                older.append((x["commit"], x["date"][:10]))
+        for x, side in ((g, "graphs"), (e, "eager")):
+            if x["commit"] != d0["commit"]:
+                older.setdefault((side, x["commit"], x["date"][:10]), []).append(f'"{what}"')
     if older:
-        out += ["", "Measured at another commit than the first row's graphs: " +
-                "; ".join(f"commit {c} ({t})" for c, t in older) +
-                " (the eager runs, which `SKIP_EAGER=1` left as they were)."]
+        out += ["", "Measured at another commit than the first row's graphs (runs that `SKIP_WORKLOAD=1` or "
+                "`SKIP_EAGER=1` left as they were): " +
+                "; ".join(f"the {side} column of {' and '.join(w)} at commit {c} ({t})"
+                          for (side, c, t), w in older.items()) + "."]
     out += ["", f"Capture at start-up: {d0.get('cuda_graphs', 0)} graphs in {d0.get('graph_capture_s', 0):.2f} s, "
             f"{d0.get('graph_bytes', 0) / 2**20:.0f} MiB of GPU memory."]
     return "\n".join(out) + "\n"
@@ -484,7 +486,9 @@ def render_engine_peer(hf, single, workload):
     s, cb = hf["single"], hf["cb"]
     out = [f"transformers {hf['transformers']} (torch {hf['torch']}) on **{hf['gpu']}** ({hf['date'][:10]}), "
            f"`{hf['command']}`, on the same shapes with seeded random bf16 weights, greedy, eos ignored; minivllm from "
-           f"the tables above (commit {single['commit']}).",
+           f"the tables above (" + (f"commit {single['commit']}" if single["commit"] == workload["commit"] else
+                                    f"one stream at commit {single['commit']}, the workload at commit "
+                                    f"{workload['commit']}") + ").",
            "",
            "| run | transformers | minivllm | minivllm / transformers |",
            "| --- | ---: | ---: | ---: |",
@@ -679,6 +683,24 @@ MEGAKERNEL_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-en
 PROFILE_LINE = re.compile(r"^  (\S.*?)\s+(\d+\.\d+)\s+(\d+\.\d+)$")
 
 
+def profile_at(lines, start):
+    """The (phase, work, barrier) rows, barriers and us to the last of the profile whose head line is lines[start]."""
+    m = re.search(r"\((\d+) barriers, ([\d.]+) us to the last\)", lines[start])
+    rows = []
+    for l in lines[start + 2:]:
+        g = PROFILE_LINE.match(l)
+        if not g:
+            break
+        rows.append((g.group(1), float(g.group(2)), float(g.group(3))))
+    return rows, int(m.group(1)), float(m.group(2))
+
+
+def one_stream_cell(x):
+    """A one-stream bench JSON as "median (min - max), TPOT ms"."""
+    return (f"{x['output_tok_s']:,.0f} ({x['output_tok_s_min']:,.0f} - {x['output_tok_s_max']:,.0f}), "
+            f"{x['tpot_ms']['p50']:.3f} ms")
+
+
 def render_megakernel():
     """The decode megakernel against the unfused graphs, one stream (09-engine.mk{0,1}.single.{1,2}.json), and
     its per-phase profile (the MV_MEGAKERNEL_PROFILE=1 lines of docs/results/09-engine-megakernel.txt)."""
@@ -692,28 +714,21 @@ def render_megakernel():
            f"megakernel (`MV_MEGAKERNEL=1`), alternated. Output tok/s, median of 3 (min - max), and the median time "
            f"per output token:",
            "", "| round | unfused graphs | megakernel | megakernel / unfused |", "| --- | ---: | ---: | ---: |"]
-    f = lambda x: (f"{x['output_tok_s']:,.0f} ({x['output_tok_s_min']:,.0f} - {x['output_tok_s_max']:,.0f}), "
-                   f"{x['tpot_ms']['p50']:.3f} ms")
     for r in (1, 2):
         a, b = runs[0, r], runs[1, r]
-        out.append(f"| {r} | {f(a)} | {f(b)} | {100 * b['output_tok_s'] / a['output_tok_s']:.1f}% |")
+        out.append(f"| {r} | {one_stream_cell(a)} | {one_stream_cell(b)} | "
+                   f"{100 * b['output_tok_s'] / a['output_tok_s']:.1f}% |")
     lines = open(MEGAKERNEL_TXT).read().splitlines()
     start = next((i for i, l in enumerate(lines) if "megakernel profile of the last step" in l), None)
     if start is not None:
-        m = re.search(r"\((\d+) barriers, ([\d.]+) us to the last\)", lines[start])
-        rows = []
-        for l in lines[start + 2:]:
-            g = PROFILE_LINE.match(l)
-            if not g:
-                break
-            rows.append((g.group(1), float(g.group(2)), float(g.group(3))))
+        rows, n_bar, us_last = profile_at(lines, start)
         work, wait = sum(r[1] for r in rows), sum(r[2] for r in rows)
         head = next((re.match(r"^# (Run \d+), commit (\w+)", l) for l in lines if re.match(r"^# Run \d+, commit", l)),
                     None)
         src = (f"{head.group(1).lower()} of docs/results/09-engine-megakernel.txt, commit {head.group(2)}, the final "
                f"kernel" if head else "the same run")
         out += ["", f"Where a step's time goes inside the megakernel (`MV_MEGAKERNEL_PROFILE=1`, the last step of "
-                f"one stream in {src}: {m.group(1)} grid barriers, {float(m.group(2)):,.1f} us from the kernel's "
+                f"one stream in {src}: {n_bar} grid barriers, {us_last:,.1f} us from the kernel's "
                 f"start to the last barrier). *Work*: from the previous barrier's release to the last block's "
                 f"arrival at this one; *barrier*: from that arrival to the release. The mean over the 28 layers, "
                 f"in us:",
@@ -737,6 +752,82 @@ def render_megakernel():
 
 
 BLOCK0_LINE = re.compile(r"^    (\S+)\s+(\d+\.\d+)\s+(\d+\.\d+)\s+(\d+\.\d+)$")
+ROPE_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel-rope.txt")
+
+
+def profile_phases(lines, tag):
+    """profile_at for the profile on the line after '# tag'."""
+    return profile_at(lines, lines.index(f"# {tag}") + 1)
+
+
+def render_megakernel_rope():
+    """The megakernel with q/k norm + RoPE + KV store inside its attention pieces (the default) and as a phase of
+    their own (MV_MEGAKERNEL_FUSED_ROPE=0), alternated (json/09-engine.rope-pieces.{on,off}.{1,2}.json), and both
+    profiles (docs/results/09-engine-megakernel-rope.txt)."""
+    runs = {(k, r): load(f"09-engine.rope-pieces.{k}.{r}.json") for k in ("on", "off") for r in (1, 2)}
+    if not all(runs.values()) or not os.path.exists(ROPE_TXT):
+        return None
+    d = runs["on", 1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
+           f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
+           f"(`VARIANTS=\"mk1 fr0\" bash tests/gpu/megakernel.sh`): the megakernel with its q/k norm + RoPE + KV store "
+           f"as a phase of their own (`MV_MEGAKERNEL_FUSED_ROPE=0`) and inside its attention pieces (the default), "
+           f"alternated. Output tok/s, median of 3 (min - max), and the median time per output token:",
+           "", "| round | own phase | in the pieces | pieces / own phase |", "| --- | ---: | ---: | ---: |"]
+    for r in (1, 2):
+        a, b = runs["off", r], runs["on", r]
+        out.append(f"| {r} | {one_stream_cell(a)} | {one_stream_cell(b)} | "
+                   f"{100 * b['output_tok_s'] / a['output_tok_s']:.1f}% |")
+    lines = open(ROPE_TXT).read().splitlines()
+    off, n_off, us_off = profile_phases(lines, "fr0")
+    on, n_on, us_on = profile_phases(lines, "mk1")
+    out += ["", f"The profile of the last step of each (`MV_MEGAKERNEL_PROFILE=1`, the same run, "
+            f"docs/results/09-engine-megakernel-rope.txt): {n_off} grid barriers and {us_off:,.1f} us to the last "
+            f"with the phase, {n_on} and {us_on:,.1f} us without it. The mean over the 28 layers, in us (work, "
+            f"then barrier):", "",
+            "| phase | own phase | in the pieces |", "| --- | ---: | ---: |"]
+    on_by = {n: (a, b) for n, a, b in on}
+    for name, a, b in off:
+        key = "rope + attention pieces" if name == "attention pieces" else name
+        if name == "q/k norm + RoPE + KV store":
+            out.append(f"| {name} | {a:.2f} + {b:.2f} | (in the pieces) |")
+        elif key in on_by:
+            x, y = on_by[key]
+            label = "attention pieces (with q/k norm + RoPE in the pieces)" if key != name else name
+            out.append(f"| {label} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
+    ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
+    (wa, ba), (wb, bb) = ws(off), ws(on)
+    out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+def render_lt_probe():
+    """cuBLAS's first choice against the best of cublasLt's heuristic list, in graphs (json/09-engine.lt-probe.json,
+    tests/gpu/lt_probe.cu)."""
+    d = load("09-engine.lt-probe.json")
+    if not d:
+        return None
+    rows = d["rows"]
+    n = sorted({r["algos"] for r in rows})
+    out = [f"`build/lt_probe` (`tests/gpu/lt_probe.cu`) on one {d['gpu']}, {d.get('date', 'undated')}, commit {d['commit']}: each "
+           "GEMM 28 times on 28 "
+           "weight copies in one CUDA graph (2 copies for the LM head), median of 5 timings of 10 replays, us a "
+           "launch; *default*: `cublasGemmEx` with `CUBLAS_GEMM_DEFAULT` as linear version 1 calls it; *best*: the "
+           "fastest of the algorithms `cublasLtMatmulAlgoGetHeuristic` returns for the problem (asked for 32, it "
+           "returned " + (f"{n[0]} for every problem" if len(n) == 1 else f"{n[0]} to {n[-1]}") + "), with the "
+           "32 MiB workspace the engine gives cuBLAS:", "",
+           "| M | " + " | ".join(f"{p}: default / best" for p in dict.fromkeys(r["projection"] for r in rows)) + " |",
+           "| ---: | " + " | ".join("---:" for _ in dict.fromkeys(r["projection"] for r in rows)) + " |"]
+    by = {}
+    for r in rows:
+        by.setdefault(r["M"], {})[r["projection"]] = r
+    for M in sorted(by):
+        cells = [f"{r['default_us']:.2f} / {r['best_us']:.2f}" for r in by[M].values()]
+        out.append(f"| {M} | " + " | ".join(cells) + " |")
+    gain = [1 - r["best_us"] / r["default_us"] for r in rows if r["M"] <= 256]
+    out += ["", f"At M = 24 to 256 the best is at most {100 * max(gain):.1f}% faster than the default "
+            f"(median {100 * sorted(gain)[len(gain) // 2]:.1f}%)."]
+    return "\n".join(out) + "\n"
 SWEEP_JSON = re.compile(r"^09-engine\.mk1\.sweep-(\d+)-(\d+)-(\d+)\.json$")
 
 
@@ -1038,6 +1129,12 @@ def blocks():
     mk = render_megakernel()
     if mk:
         out["09-engine:megakernel"] = ("09-engine.mk1.single.1.json", mk)
+    rope = render_megakernel_rope()
+    if rope:
+        out["09-engine:megakernel-rope"] = ("09-engine.rope-pieces.on.1.json", rope)
+    lt = render_lt_probe()
+    if lt:
+        out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)
     sweep = render_megakernel_sweep()
     if sweep:
         out["09-engine:megakernel-sweep"] = ("09-engine.mk1.sweep-4096-4-8.json", sweep)
