@@ -232,11 +232,83 @@ __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_
 // each output then adds its slices' sums in slice order from 0, as
 // linear_gemv_kernel's last step does: the same bits, whichever warp took
 // which slice. With one slice the warp writes its sums itself.
-template <int MT, int NW>
+//
+// IW > 1 (for tests/gpu/gemv_probe.cu; the kernel runs IW = 1): a warp
+// takes IW items at once, w, w + NW, ..., w + (IW - 1) NW, then the next IW,
+// all their loads before any of their sums, so that IW independent chains
+// of FMAs and shuffles overlap. Each sum keeps its order, so the bits are
+// IW = 1's.
+template <int MT, int NW, int IW = 1>
 __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
     constexpr int U = 4, RM = 2 * MT;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int pairs = b.rows / 2, items = pairs * ks;
+    if constexpr (IW > 1) {
+        for (int it0 = warp; it0 < items; it0 += NW * IW) {
+            int q[IW];
+            bool live[IW];
+            const uint4 *w0[IW], *w1[IW];
+            float acc[IW][2][MT];
+#pragma unroll
+            for (int i = 0; i < IW; i++) {
+                const int it = it0 + i * NW;
+                live[i] = it < items;
+                const int itc = live[i] ? it : it0, pr = itc / ks;
+                q[i] = itc % ks;
+                w0[i] = b.mem + (long long)(2 * pr) * kc;
+                w1[i] = w0[i] + kc;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) acc[i][r][m] = 0.0f;
+            }
+            // Step t is slab q + t U ks of each item (the loop of IW = 1, for q = 0 the longest).
+            for (int t = 0; t * U * ks * 32 < kc; t++) {
+                uint4 wv[IW][U][2];
+#pragma unroll
+                for (int i = 0; i < IW; i++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
+                        const bool ok = live[i] && c < kc;
+                        wv[i][u][0] = ok ? w0[i][c] : make_uint4(0, 0, 0, 0);
+                        wv[i][u][1] = ok ? w1[i][c] : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int i = 0; i < IW; i++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
+                        if (!live[i] || c >= kc) continue;
+                        float wf[2][8];
+                        unpack8(wv[i][u][0], wf[0]);
+                        unpack8(wv[i][u][1], wf[1]);
+#pragma unroll
+                        for (int m = 0; m < MT; m++) {
+                            float xf[8];
+                            unpack8(xs[m * kc + c], xf);
+#pragma unroll
+                            for (int r = 0; r < 2; r++)
+#pragma unroll
+                                for (int j = 0; j < 8; j++) acc[i][r][m] = fmaf(wf[r][j], xf[j], acc[i][r][m]);
+                        }
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < IW; i++) {
+                const int it = it0 + i * NW, pr = it / ks;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        const float v = warp_sum(acc[i][r][m]);
+                        if (!live[i] || lane != r * MT + m) continue;
+                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                        else part[it * RM + r * MT + m] = v;
+                    }
+            }
+        }
+    } else
     for (int it = warp; it < items; it += NW) {
         const int pr = it / ks, q = it % ks;
         const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;

@@ -12,10 +12,12 @@
  * projections already in shared memory and nothing else running, and
  * times it with clock64 and %globaltimer:
  *
- *   per projection and consumer-warp count (8, the kernel's; 16): the
+ *   per projection, consumer-warp count NW (8, the kernel's; 16) and items
+ *   a warp takes at once IW (1, the kernel's; 2, 3: mk::gemv's IW): the
  *   cycles and ns of one GEMV (the mean of 200 after 10 to warm up,
  *   thread 0 of block 0 after all consumer warps met), and the bytes of
- *   weights a block read per ns;
+ *   weights a block read per ns; every variant's output must be bit for
+ *   bit that of NW 8, IW 1 (a FAIL line and exit status 1 otherwise);
  *   %globaltimer's step: the smallest non-zero difference of two reads.
  *
  *   nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu \
@@ -25,6 +27,7 @@
 #include "kernels/decode_megakernel.cu"
 
 #include <cstdio>
+#include <cstring>
 
 #define CK(x)                                                                                  \
     do {                                                                                       \
@@ -39,7 +42,7 @@ enum { REPS = 200, WARM = 10 };
 
 // One block a SM; CONSUMERS threads, as the megakernel's consumer warps.
 // Shared memory: the share's weights [rows, K], xs [1, K], part.
-template <int NW>
+template <int NW, int IW>
 __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *result) {
     using namespace mk;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -59,7 +62,7 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     unsigned long long c_sum = 0, t_sum = 0;
     for (int r = 0; r < WARM + REPS; r++) {
         const unsigned long long c0 = clock64(), t0 = globaltimer();
-        gemv<1, NW>(b, K, ks, xs, out, N, part);
+        gemv<1, NW, IW>(b, K, ks, xs, out, N, part);
         csync<NW>::sync();
         const unsigned long long c1 = clock64(), t1 = globaltimer();
         if (r >= WARM) c_sum += c1 - c0, t_sum += t1 - t0;
@@ -77,21 +80,30 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     }
 }
 
-template <int NW>
-static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms) {
+template <int NW, int IW>
+static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms, bool first, int *bad) {
     const int ks = linear_gemv_k_split(K);
     const size_t rows = share_bytes(N, K, sms) / 2 / K;
     const size_t smem = (rows * K * 2 + 127) / 128 * 128 + (size_t)K * 2 + rows / 2 * ks * 2 * sizeof(float) + 256;
-    CK(cudaFuncSetAttribute(gemv_alone<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gemv_alone<NW><<<sms, 32 * NW, smem>>>(N, K, ks, out, d_res);
+    CK(cudaFuncSetAttribute(gemv_alone<NW, IW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaMemset(out, 0xff, (size_t)N * 2));
+    gemv_alone<NW, IW><<<sms, 32 * NW, smem>>>(N, K, ks, out, d_res);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     unsigned long long r[4];
     CK(cudaMemcpy(r, d_res, sizeof r, cudaMemcpyDeviceToHost));
+    // The outputs: the first variant's (warps 8, items 1) are the reference; the others must match bit for bit.
+    static unsigned short h[6144], hr[6144];
+    CK(cudaMemcpy(h, out, (size_t)N * 2, cudaMemcpyDeviceToHost));
+    if (first) memcpy(hr, h, (size_t)N * 2);
+    int diff = 0;
+    for (int i = 0; i < N; i++) diff += h[i] != hr[i];
     const double cyc = (double)r[0] / REPS, ns = (double)r[1] / REPS;
-    printf("%-13s warps %2d  rows %3llu  K %5d  ks %d  %8.0f cycles  %7.0f ns  %6.1f bytes/ns  (%.2f GHz)  "
-           "globaltimer step %llu ns\n",
-           name, NW, r[2], K, ks, cyc, ns, (double)r[2] * K * 2 / ns, cyc / ns, r[3]);
+    printf("%-13s warps %2d  items %d  rows %3llu  K %5d  ks %d  %8.0f cycles  %7.0f ns  %6.1f bytes/ns  (%.2f GHz)  "
+           "globaltimer step %llu ns  %s\n",
+           name, NW, IW, r[2], K, ks, cyc, ns, (double)r[2] * K * 2 / ns, cyc / ns, r[3],
+           diff ? "FAIL: outputs differ from warps 8 items 1" : "bits: those of warps 8 items 1");
+    if (diff) printf("FAIL %s warps %d items %d: %d of %d outputs differ\n", name, NW, IW, diff, N), ++*bad;
     return 0;
 }
 
@@ -104,7 +116,13 @@ int main() {
     CK(cudaMalloc(&d_res, 4 * sizeof(unsigned long long)));
     const struct { const char *name; int N, K; } p[] = {
         {"qkv_proj", 4096, 1024}, {"o_proj", 1024, 2048}, {"gate_up_proj", 6144, 1024}, {"down_proj", 1024, 3072}};
+    int bad = 0;
     for (const auto &x : p)
-        if (run<8>(x.name, x.N, x.K, out, d_res, sms) || run<16>(x.name, x.N, x.K, out, d_res, sms)) return 1;
-    return 0;
+        if (run<8, 1>(x.name, x.N, x.K, out, d_res, sms, true, &bad) ||
+            run<8, 2>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<8, 3>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<16, 1>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<16, 2>(x.name, x.N, x.K, out, d_res, sms, false, &bad))
+            return 1;
+    return bad ? 1 : 0;
 }
