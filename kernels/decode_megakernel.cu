@@ -233,6 +233,25 @@ __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_
 // linear_gemv_kernel's last step does: the same bits, whichever warp took
 // which slice. With one slice the warp writes its sums itself.
 //
+// One lane's chunk c of a row pair (w0v, w1v) times the MT rows of xs,
+// into acc in j order: the order of a row's sum both paths below keep.
+template <int MT>
+__device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, const uint4 *xs, int kc, int c,
+                                          float (&acc)[2][MT]) {
+    float wf[2][8];
+    unpack8(w0v, wf[0]);
+    unpack8(w1v, wf[1]);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float xf[8];
+        unpack8(xs[m * kc + c], xf);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
+    }
+}
+
 // IW > 1 (for tests/gpu/gemv_probe.cu; the kernel runs IW = 1): a warp
 // takes IW items at once, w, w + NW, ..., w + (IW - 1) NW, then the next IW,
 // all their loads before any of their sums, so that IW independent chains
@@ -279,19 +298,7 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 #pragma unroll
                     for (int u = 0; u < U; u++) {
                         const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
-                        if (!live[i] || c >= kc) continue;
-                        float wf[2][8];
-                        unpack8(wv[i][u][0], wf[0]);
-                        unpack8(wv[i][u][1], wf[1]);
-#pragma unroll
-                        for (int m = 0; m < MT; m++) {
-                            float xf[8];
-                            unpack8(xs[m * kc + c], xf);
-#pragma unroll
-                            for (int r = 0; r < 2; r++)
-#pragma unroll
-                                for (int j = 0; j < 8; j++) acc[i][r][m] = fmaf(wf[r][j], xf[j], acc[i][r][m]);
-                        }
+                        if (live[i] && c < kc) chunk_fma<MT>(wv[i][u][0], wv[i][u][1], xs, kc, c, acc[i]);
                     }
             }
 #pragma unroll
@@ -328,19 +335,7 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int c = (slab + u * ks) * 32 + lane;
-                if (c >= kc) continue;
-                float wf[2][8];
-                unpack8(wv[u][0], wf[0]);
-                unpack8(wv[u][1], wf[1]);
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    float xf[8];
-                    unpack8(xs[m * kc + c], xf);
-#pragma unroll
-                    for (int r = 0; r < 2; r++)
-#pragma unroll
-                        for (int j = 0; j < 8; j++) acc[r][m] = fmaf(wf[r][j], xf[j], acc[r][m]);
-                }
+                if (c < kc) chunk_fma<MT>(wv[u][0], wv[u][1], xs, kc, c, acc);
             }
         }
 #pragma unroll
@@ -446,6 +441,32 @@ __device__ __forceinline__ void check_slot(int slot, long long num_slots) {
     if (slot < -1 || (long long)slot >= num_slots) __trap();
 }
 
+// One lane's 8 + 8 values of a head (x1 in the first half, x2 in the
+// second), normed over the LANES lanes of `mask` with weight (wa, wb) and
+// rotated by (cs, sn), in qk_norm_rope version 6's order (MATH 1: rotate,
+// then scale): o1 and o2. rope_store and rope_prep both take it from here.
+template <int LANES>
+__device__ __forceinline__ void norm_rotate(const rope_fused::pack<8> &x1, const rope_fused::pack<8> &x2,
+                                            const rope_fused::pack<8> &wa, const rope_fused::pack<8> &wb,
+                                            const rope_fused::fvec<8> &cs, const rope_fused::fvec<8> &sn,
+                                            unsigned mask, float eps, float (&o1)[8], float (&o2)[8]) {
+    using namespace rope_fused;
+    constexpr int VEC = 8, D = 2 * VEC * LANES;
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < VEC; e++) {
+        const float x = get(x1, e), y = get(x2, e);
+        ss += x * x + y * y;
+    }
+    const float inv_rms = group_inv_rms<LANES>(ss, mask, D, eps);
+    float co[VEC], si[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
+    rotate_scaled<VEC>(x1, x2, wa, wb, co, si, o1, o2);
+#pragma unroll
+    for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
+}
+
 // A group of LANES lanes per head (D = 16 * LANES), every head of every row.
 template <int LANES, int NW>
 __device__ __forceinline__ void rope_store(const params &p, const megakernel_layer_t &ly, int M) {
@@ -471,19 +492,8 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
         const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
         const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
         const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
-        float ss = 0.0f;
-#pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float x = get(x1, e), y = get(x2, e);
-            ss += x * x + y * y;
-        }
-        const float inv_rms = group_inv_rms<LANES>(ss, mask, D, a.eps);
-        float co[VEC], si[VEC], o1[VEC], o2[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
-        rotate_scaled<VEC>(x1, x2, wa, wb, co, si, o1, o2);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
+        float o1[VEC], o2[VEC];
+        norm_rotate<LANES>(x1, x2, wa, wb, cs, sn, mask, a.eps, o1, o2);
         const vec_t y1 = put<VEC>(o1), y2 = put<VEC>(o2);
         if (!live) continue;
         if (is_q) {
@@ -544,19 +554,8 @@ struct rope_prep {
         const bf16 *w = reinterpret_cast<const bf16 *>(wt);
         const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
         const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
-        float ss = 0.0f;
-#pragma unroll
-        for (int e = 0; e < VEC; e++) {
-            const float a = get(x.x1, e), b = get(x.x2, e);
-            ss += a * a + b * b;
-        }
-        const float inv_rms = group_inv_rms<LANES>(ss, 0xffffffffu, D, p->a.eps);
-        float co[VEC], si[VEC], o1[VEC], o2[VEC];
-#pragma unroll
-        for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
-        rotate_scaled<VEC>(x.x1, x.x2, wa, wb, co, si, o1, o2);
-#pragma unroll
-        for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
+        float o1[VEC], o2[VEC];
+        norm_rotate<LANES>(x.x1, x.x2, wa, wb, cs, sn, 0xffffffffu, p->a.eps, o1, o2);
         return part < LANES ? put<VEC>(o1) : put<VEC>(o2);
     }
 
