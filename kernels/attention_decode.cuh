@@ -302,6 +302,14 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
 // The reduction of the split pieces of (sequence s, head h), output
 // dimension d (one thread each). Only the ceil(ctx / split_len) pieces
 // that hold keys were written; the others are never read.
+//
+// Its sums: M = the pieces' largest m, then L and A over the pieces in
+// order (fmaf). Up to DEC_REDUCE_BATCH pieces (every decode step of up to
+// 16 x 256 keys a piece), every load is issued before the first sum: one
+// trip to L2 instead of one a piece or two (the loop below it, for more
+// pieces, waits on its loads as it goes). The same sums in the same order
+// either way, so the same bits.
+enum { DEC_REDUCE_BATCH = 16 };
 template <class Ld>
 __device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out, const float *ws_o,
                                                   const float *ws_ml, const int32_t *context_lens, int H, int D,
@@ -310,13 +318,33 @@ __device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out
     split_len = decode_piece_len(split_len, ctx, num_splits);
     const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + split_len - 1) / split_len);
     const long long first = ((long long)s * H + h) * num_splits;  // piece 0 of this (sequence, head)
-    float M = -INFINITY;
-    for (int k = 0; k < used; k++) M = fmaxf(M, Ld::f32(ws_ml + (first + k) * 2));
-    float L = 0.0f, A = 0.0f;
-    for (int k = 0; k < used; k++) {
-        const float w = exp2f(Ld::f32(ws_ml + (first + k) * 2) - M);
-        L = fmaf(w, Ld::f32(ws_ml + (first + k) * 2 + 1), L);
-        A = fmaf(w, Ld::f32(ws_o + (first + k) * D + d), A);
+    float M = -INFINITY, L = 0.0f, A = 0.0f;
+    if (used <= DEC_REDUCE_BATCH) {
+        float mk[DEC_REDUCE_BATCH], lk[DEC_REDUCE_BATCH], ok[DEC_REDUCE_BATCH];
+#pragma unroll
+        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
+            if (k < used) {
+                mk[k] = Ld::f32(ws_ml + (first + k) * 2);
+                lk[k] = Ld::f32(ws_ml + (first + k) * 2 + 1);
+                ok[k] = Ld::f32(ws_o + (first + k) * D + d);
+            }
+#pragma unroll
+        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
+            if (k < used) M = fmaxf(M, mk[k]);
+#pragma unroll
+        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
+            if (k < used) {
+                const float w = exp2f(mk[k] - M);
+                L = fmaf(w, lk[k], L);
+                A = fmaf(w, ok[k], A);
+            }
+    } else {
+        for (int k = 0; k < used; k++) M = fmaxf(M, Ld::f32(ws_ml + (first + k) * 2));
+        for (int k = 0; k < used; k++) {
+            const float w = exp2f(Ld::f32(ws_ml + (first + k) * 2) - M);
+            L = fmaf(w, Ld::f32(ws_ml + (first + k) * 2 + 1), L);
+            A = fmaf(w, Ld::f32(ws_o + (first + k) * D + d), A);
+        }
     }
     out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
 }

@@ -134,6 +134,7 @@ struct params {
     long long num_slots;
     unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
     int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
+    int gemv;                        // the GEMV's version: 1 gemv_v1, 2 gemv_v2 (the same sums)
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
 };
@@ -225,16 +226,19 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
 __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_float(v, f); }
 
 // out[m][row0 + r] for the block's rows r of W (shared, [rows, K]), from
-// xs (shared, [MT][K / 8] vectors). The work items are (row pair, K slice):
-// warp w takes items w, w + NW, ...; within a slice, as linear_gemv_kernel
-// does, it loads U slabs' chunks of both rows before it uses any (per lane
-// its chunks in slab order). A slice's warp sums go to part[] (shared), and
-// each output then adds its slices' sums in slice order from 0, as
-// linear_gemv_kernel's last step does: the same bits, whichever warp took
-// which slice. With one slice the warp writes its sums itself.
+// xs (shared, [MT][K / 8] vectors). The work items are (row pair, K slice);
+// within a slice, as linear_gemv_kernel does, a lane takes its chunks
+// (c = slab * 32 + lane) in slab order, each chunk's 8 products in order,
+// and the warp adds its lanes' sums in warp_sum's butterfly. A slice's warp
+// sums go to part[] (shared), and each output then adds its slices' sums
+// in slice order from 0, as linear_gemv_kernel's last step does: the same
+// bits, whichever warp took which slice (gemv_slices below). With one slice
+// the warp writes its sums itself. Two versions compute these same sums
+// (MV_MEGAKERNEL_GEMV): version 1 one item a warp at a time, version 2 (the
+// default) several items of a warp together.
 //
 // One lane's chunk c of a row pair (w0v, w1v) times the MT rows of xs,
-// into acc in j order: the order of a row's sum both paths below keep.
+// into acc in j order: the order of a row's sum.
 template <int MT>
 __device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, const uint4 *xs, int kc, int c,
                                           float (&acc)[2][MT]) {
@@ -252,70 +256,43 @@ __device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, co
     }
 }
 
-// IW > 1 (for tests/gpu/gemv_probe.cu; the kernel runs IW = 1): a warp
-// takes IW items at once, w, w + NW, ..., w + (IW - 1) NW, then the next IW,
-// all their loads before any of their sums, so that IW independent chains
-// of FMAs and shuffles overlap. Each sum keeps its order, so the bits are
-// IW = 1's.
-template <int MT, int NW, int IW = 1>
-__device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+// The GEMVs are functions of their own, not inlined: one copy for each MT
+// and NW, where inlined they were compiled again in each of the kernel's
+// four projections of its 32 instances (a compile four times as long).
+// Their buffers are in shared memory, which a function of its own must be
+// told to use shared loads and stores (LDS, not generic LD).
+__device__ __forceinline__ void assume_shared(const wbuf &b, const uint4 *xs, const float *part) {
+    __builtin_assume(__isShared(b.mem));
+    __builtin_assume(__isShared(xs));
+    __builtin_assume(__isShared(part));
+}
+
+// With K split into ks slices: after every warp's items, each output adds
+// its slices' sums from part[] in slice order from 0.
+template <int MT, int NW>
+__device__ __forceinline__ void gemv_slices(const wbuf &b, int ks, bf16 *out, int N, const float *part) {
+    constexpr int RM = 2 * MT;
+    csync<NW>::sync();
+    for (int o = threadIdx.x; o < b.rows / 2 * RM; o += cfg<NW>::CONSUMERS) {
+        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+        float v = 0.0f;
+        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
+        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
+    }
+}
+
+// Version 1: warp w takes items w, w + NW, ..., one at a time; it loads U
+// slabs' chunks of both rows before it uses any, then sums each of its 2 MT
+// values with its own warp_sum. An item is one chain: the loads, 8 FMAs a
+// chunk on each accumulator, then 5 dependent shuffles per value; with 2
+// warps a scheduler little of it is hidden (about 1,500 cycles an item on
+// the H200, tests/gpu/gemv_probe.cu).
+template <int MT, int NW>
+__device__ __noinline__ void gemv_v1(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
     constexpr int U = 4, RM = 2 * MT;
+    assume_shared(b, xs, part);
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int pairs = b.rows / 2, items = pairs * ks;
-    if constexpr (IW > 1) {
-        for (int it0 = warp; it0 < items; it0 += NW * IW) {
-            int q[IW];
-            bool live[IW];
-            const uint4 *w0[IW], *w1[IW];
-            float acc[IW][2][MT];
-#pragma unroll
-            for (int i = 0; i < IW; i++) {
-                const int it = it0 + i * NW;
-                live[i] = it < items;
-                const int itc = live[i] ? it : it0, pr = itc / ks;
-                q[i] = itc % ks;
-                w0[i] = b.mem + (long long)(2 * pr) * kc;
-                w1[i] = w0[i] + kc;
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int m = 0; m < MT; m++) acc[i][r][m] = 0.0f;
-            }
-            // Step t is slab q + t U ks of each item (the loop of IW = 1, for q = 0 the longest).
-            for (int t = 0; t * U * ks * 32 < kc; t++) {
-                uint4 wv[IW][U][2];
-#pragma unroll
-                for (int i = 0; i < IW; i++)
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
-                        const bool ok = live[i] && c < kc;
-                        wv[i][u][0] = ok ? w0[i][c] : make_uint4(0, 0, 0, 0);
-                        wv[i][u][1] = ok ? w1[i][c] : make_uint4(0, 0, 0, 0);
-                    }
-#pragma unroll
-                for (int i = 0; i < IW; i++)
-#pragma unroll
-                    for (int u = 0; u < U; u++) {
-                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
-                        if (live[i] && c < kc) chunk_fma<MT>(wv[i][u][0], wv[i][u][1], xs, kc, c, acc[i]);
-                    }
-            }
-#pragma unroll
-            for (int i = 0; i < IW; i++) {
-                const int it = it0 + i * NW, pr = it / ks;
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        const float v = warp_sum(acc[i][r][m]);
-                        if (!live[i] || lane != r * MT + m) continue;
-                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
-                        else part[it * RM + r * MT + m] = v;
-                    }
-            }
-        }
-    } else
     for (int it = warp; it < items; it += NW) {
         const int pr = it / ks, q = it % ks;
         const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
@@ -348,14 +325,134 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
                 else part[it * RM + r * MT + m] = v;
             }
     }
-    if (ks == 1) return;
-    csync<NW>::sync();
-    for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
-        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
-        float v = 0.0f;
-        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
-        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
+    if (ks > 1) gemv_slices<MT, NW>(b, ks, out, N, part);
+}
+
+// V values a lane (V a power of two up to 32), each to be summed over the
+// warp: returns value lane / (32 / V)'s sum, in every lane of that group of
+// 32 / V lanes. warp_sum adds, at offsets 16, 8, ..., 1, the partner lane's
+// value to its own. Here, at each of the first log2 V offsets, a lane keeps
+// half of its values (the upper half where its lane bit of that offset is
+// set) and sends its partner the other half, which the partner keeps: so
+// every value kept gets exactly the partner sum warp_sum would add at that
+// level, and every node of every value's tree is warp_sum's (a + b is b + a
+// in IEEE arithmetic). V - 1 shuffles halve the values down to one a lane,
+// then 5 - log2 V more finish it: 9 for 8 values instead of 40.
+template <int V>
+__device__ __forceinline__ float warp_sum_many(float (&a)[V], int lane) {
+    static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "a power of two up to 32 values");
+#pragma unroll
+    for (int lvl = 0; (1 << lvl) < V; lvl++) {
+        const int h = (V >> lvl) / 2, off = 16 >> lvl;
+        const bool up = lane & off;
+#pragma unroll
+        for (int k = 0; k < h; k++) {
+            const float send = up ? a[k] : a[k + h];
+            a[k] = (up ? a[k + h] : a[k]) + __shfl_xor_sync(0xffffffffu, send, off);
+        }
     }
+    float v = a[0];
+#pragma unroll
+    for (int off = 16 / V; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// Version 2, one group: P items of a warp (it0, it0 + step, ...; those
+// past `items` are skipped), all of K slice q = it0 % ks (step a multiple
+// of ks). Each step loads U slabs' chunks of the 2 P rows and of xs (one x
+// chunk for all of them) before it uses any, so P items' FMAs are P
+// independent pairs of chains; then the 2 P MT sums in one warp_sum_many.
+template <int MT, int P>
+__device__ __forceinline__ void gemv_group(const wbuf &b, int kc, int ks, const uint4 *xs, bf16 *out, int N,
+                                           float *part, int it0, int step, int items) {
+    constexpr int R = 2 * P, V = R * MT, RM = 2 * MT, U = P == 1 ? 4 : 2;
+    const int lane = threadIdx.x % 32, q = it0 % ks;
+    const uint4 *w[R];
+    bool live[P];
+#pragma unroll
+    for (int i = 0; i < P; i++) {
+        const int it = it0 + i * step;
+        live[i] = it < items;
+        w[2 * i] = b.mem + (long long)(2 * ((live[i] ? it : it0) / ks)) * kc;
+        w[2 * i + 1] = w[2 * i] + kc;
+    }
+    float acc[V];  // [i][r][m]: item i's row r, input row m
+#pragma unroll
+    for (int k = 0; k < V; k++) acc[k] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int slab = q; slab * 32 < kc; slab += U * ks) {
+        uint4 wv[U][R], xv[U][MT];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = (slab + u * ks) * 32 + lane;
+            const bool ok = c < kc;
+#pragma unroll
+            for (int m = 0; m < MT; m++) xv[u][m] = ok ? xs[m * kc + c] : zero;
+#pragma unroll
+            for (int k = 0; k < R; k++) wv[u][k] = ok && live[k / 2] ? w[k][c] : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if ((slab + u * ks) * 32 + lane >= kc) continue;  // as version 1: no product of a chunk past K
+            float xf[MT][8];
+#pragma unroll
+            for (int m = 0; m < MT; m++) unpack8(xv[u][m], xf[m]);
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+                if (!live[k / 2]) continue;
+                float wf[8];
+                unpack8(wv[u][k], wf);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[k * MT + m] = fmaf(wf[j], xf[m][j], acc[k * MT + m]);
+            }
+        }
+    }
+    const float v = warp_sum_many<V>(acc, lane);
+    if (lane % (32 / V)) return;
+    const int k = lane / (32 / V), i = k / RM, r = (k / MT) % 2, m = k % MT, it = it0 + i * step;
+    if (it >= items) return;
+    if (ks == 1) out[(long long)m * N + b.row0 + 2 * (it / ks) + r] = __float2bfloat16(0.0f + v);
+    else part[it * RM + r * MT + m] = v;
+}
+
+// Version 2: warp w's items w, w + NW, ... in groups of up to 4 (as many
+// as 2 P MT <= 32 values allow): 3 or more left take a group of 4 (the
+// fourth skipped when absent), 2 a group of 2, 1 alone. NW must be a
+// multiple of ks, so that a warp's items share their slice; otherwise
+// version 1 runs (the same sums).
+template <int MT, int NW>
+__device__ __noinline__ void gemv_v2(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+    constexpr int PMAX = 16 / MT < 4 ? 16 / MT : 4;
+    if (NW % ks) {
+        gemv_v1<MT, NW>(b, K, ks, xs, out, N, part);
+        return;
+    }
+    assume_shared(b, xs, part);
+    const int kc = K / 8, items = b.rows / 2 * ks;
+    for (int it = threadIdx.x / 32; it < items;) {
+        const int left = (items - it + NW - 1) / NW;
+        if (PMAX >= 4 && left >= 3) {
+            gemv_group<MT, PMAX >= 4 ? 4 : 2>(b, kc, ks, xs, out, N, part, it, NW, items);
+            it += 4 * NW;
+        } else if (left >= 2) {
+            gemv_group<MT, 2>(b, kc, ks, xs, out, N, part, it, NW, items);
+            it += 2 * NW;
+        } else {
+            gemv_group<MT, 1>(b, kc, ks, xs, out, N, part, it, NW, items);
+            it += NW;
+        }
+    }
+    if (ks > 1) gemv_slices<MT, NW>(b, ks, out, N, part);
+}
+
+// The GEMV of the version the kernel runs (p.gemv: MV_MEGAKERNEL_GEMV).
+template <int MT, int NW>
+__device__ __forceinline__ void gemv(int version, const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N,
+                                     float *part) {
+    if (version == 1) gemv_v1<MT, NW>(b, K, ks, xs, out, N, part);
+    else gemv_v2<MT, NW>(b, K, ks, xs, out, N, part);
 }
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
@@ -753,7 +850,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 0, 0);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
-        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
+        gemv<MT, NW>(p.gemv, A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
@@ -779,7 +876,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 1, 0);
         wait(B, H);
         mark(tl, L, l, 1, 1);
-        gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv<MT, NW>(p.gemv, B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
@@ -792,7 +889,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 2, 0);
         wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
-        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        gemv<MT, NW>(p.gemv, A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
@@ -803,7 +900,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 3, 0);
         wait(B, H);
         mark(tl, L, l, 3, 1);
-        gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv<MT, NW>(p.gemv, B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
@@ -908,6 +1005,11 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *fr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
     if (fr && strcmp(fr, "0") && strcmp(fr, "1")) NOPE("MV_MEGAKERNEL_FUSED_ROPE=%s (0 or 1)", fr);
     p.fused_rope = !(fr && !strcmp(fr, "0")) && p.groups_per_kv == 1;
+    // The GEMV: version 2 (several items a warp at once), or 1 (one at a
+    // time, for comparison): MV_MEGAKERNEL_GEMV. The same sums either way.
+    const char *gv = getenv("MV_MEGAKERNEL_GEMV");
+    if (gv && strcmp(gv, "1") && strcmp(gv, "2")) NOPE("MV_MEGAKERNEL_GEMV=%s (1 or 2)", gv);
+    p.gemv = gv && !strcmp(gv, "1") ? 1 : 2;
     p.scale_log2 = (1.0f / sqrtf((float)D)) * 1.4426950408889634f;
     int shift = 0;
     while ((1 << shift) < a->block_size) shift++;

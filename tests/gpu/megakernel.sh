@@ -13,6 +13,8 @@
 #      alternated; its profile (MV_MEGAKERNEL_PROFILE=1); the latency mode at batch 1, 2 and 8
 #   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
 #      decode steps take the megakernel
+#   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
+#      GEMV versions alone, their bits compared (gemv_probe.txt)
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
 # SKIP_CH07=1, CHECK_S / CH07_S (their time limits), SWEEP (below).
@@ -46,16 +48,27 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
   fi
 fi
 
+if [ "${GEMV_PROBE:-0}" = 1 ]; then
+  echo "=================== tests/gpu/gemv_probe.cu (the megakernel's GEMV versions alone)"
+  nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu -Lbuild/lib -lmv_ch07 -lmv_ch03 \
+    -lmv_core -lcublas -lnccl -o build/gemv_probe > "$OUT/gemv_probe.build.log" 2>&1 || { tail "$OUT/gemv_probe.build.log"; status=1; }
+  [ -x build/gemv_probe ] && { timeout 120 ./build/gemv_probe > "$OUT/gemv_probe.txt" 2>&1; rc=$?; [ $rc -eq 0 ] || status=1
+    sed -E 's/  globaltimer step [0-9]+ ns//; s/  \(1\.[0-9]+ GHz\)//' "$OUT/gemv_probe.txt"; echo "gemv_probe rc=$rc"; }
+fi
+
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
-# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE).
+# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE), g1 /
+# g2 the megakernel with its GEMV version 1 / 2 (MV_MEGAKERNEL_GEMV).
 variant_env() {
   case "$1" in
     mk1) echo MV_MEGAKERNEL=1 ;;
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
+    g1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=1 ;;
+    g2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=2 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
