@@ -81,6 +81,15 @@ __device__ __forceinline__ int decode_piece_len(int split_len, int ctx, int num_
     return max(tile, (per + tile - 1) / tile * tile);
 }
 
+// The keys [start, end) of piece `split` of a sequence of ctx keys (none
+// when start >= end).
+__device__ __forceinline__ void decode_piece_keys(int split_len, int ctx, int num_splits, int split, int *start,
+                                                  int *end) {
+    split_len = decode_piece_len(split_len, ctx, num_splits);
+    *start = split * split_len;
+    *end = split == num_splits - 1 ? ctx : min(ctx, *start + split_len);
+}
+
 // Where a piece reads its activations from. dec_ld_nc: the read-only path
 // (the kernels below: nothing they read is written while they run).
 // dec_ld_cg: L2 only, for a persistent kernel (kernels/decode_megakernel.cu)
@@ -157,9 +166,8 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     const int part = lane % LPK;              // its dims part*8 .. part*8+7
 
     const int ctx = kv.num_keys(s);
-    split_len = decode_piece_len(split_len, ctx, num_splits);
-    const int start = split * split_len;
-    const int end = split == num_splits - 1 ? ctx : min(ctx, start + split_len);
+    int start, end;
+    decode_piece_keys(split_len, ctx, num_splits, split, &start, &end);
     if (start >= end) {
         // No keys in this piece. Unsplit, that is a padded sequence with
         // ctx = 0: its output is 0 (as version 1). Split, the reduction
@@ -283,6 +291,31 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
                 ws_ml[piece * 2 + 1] = L;
             }
         }
+    }
+}
+
+// The keys and values of a piece's first tile (the rows decode_piece_v2's
+// first loads read) into L2, by one lane per 128-byte line: for a
+// persistent kernel (the decode megakernel) that knows a piece's rows a
+// phase before it may read them, so that the piece's first loads find L2
+// instead of device memory. A prefetch is only a hint; the key a piece
+// stores itself (rope_prep) goes to L2 too, which keeps the line current.
+template <int D, int G>
+__device__ __forceinline__ void decode_piece_prefetch(int bx, int s, int split, int groups_per_kv, int tid,
+                                                      const PagedKV &kv, int num_splits, int split_len) {
+    constexpr int U = dec_unroll(G), LPK = D / 8, SUB = 32 / LPK, NSUB = DEC_WARPS * SUB;
+    const int lane = tid % 32, sub = (tid / 32) * SUB + lane / LPK, part = lane % LPK;
+    if (part % 8) return;  // 8 lanes' 16 bytes a line
+    int start, end;
+    decode_piece_keys(split_len, kv.num_keys(s), num_splits, split, &start, &end);
+    const long long head_off = (long long)(bx / groups_per_kv) * D + part * 8;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int j = start + u * NSUB + sub;
+        if (j >= end) break;
+        const long long row = kv.key_row(s, j);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kv.k + row * kv.k_stride + head_off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kv.v + row * kv.v_stride + head_off));
     }
 }
 

@@ -132,9 +132,10 @@ struct params {
     float scale_log2;
     int block_shift;
     long long num_slots;
-    unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
+    unsigned off_b, off_x, off_part, off_cs, off_bar;  // shared-memory offsets (A at 0)
     int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
     int gemv;                        // the GEMV's version: 1 gemv_v1, 2 gemv_v2 (the same sums)
+    int prefetch_kv;                 // 1: the pieces' first keys and values into L2 before barrier 1
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
 };
@@ -633,6 +634,7 @@ struct rope_prep {
     using fvec_t = rope_fused::fvec<VEC>;
     const params *p;
     megakernel_layer_t ly;
+    const float *cs_rows;  // shared: [M, D] the cos/sin row of each row's position (stage_cos_sin)
 
     // A head's two halves as rope_store's lane (part % LANES) reads them.
     struct raw {
@@ -657,9 +659,10 @@ struct rope_prep {
     }
 
     // Every load first (the queries, and in the last piece warp 0's key,
-    // value and slot), then the cos/sin row of the position, then the math:
-    // two trips to L2 before the keys, where the plain queries take one
-    // but come after rope_store's phase and its barrier. Warp 0 of the last piece
+    // value and slot), then the math: one trip to L2 before the keys, as
+    // the plain queries, but without rope_store's phase and its barrier
+    // (the cos/sin rows of the step's positions are in shared memory since
+    // the kernel's start: the same for every layer). Warp 0 of the last piece
     // computes its kv head's new key (both substreams the same lanes'
     // values); its first D / 8 lanes store key and value, 16 bytes each, as
     // rope_store does (slot -1: a padding row, left alone).
@@ -668,7 +671,7 @@ struct rope_prep {
                                           int kvh, int part, int tid, bool last, float scale_log2) const {
         static_assert(DD == D, "one head size");
         const megakernel_args_t &a = p->a;
-        const int pos = a.positions[s], nkv = a.num_kv_heads;
+        const int nkv = a.num_kv_heads;
         raw xq[G];
 #pragma unroll
         for (int g = 0; g < G; g++) xq[g] = load(q + (long long)s * q_stride + (long long)(h0 + g) * D, part);
@@ -682,10 +685,9 @@ struct rope_prep {
             v = ldcg16(khead + nkv * D + part * 8);
             slot = a.slot_mapping[s];
         }
-        rope_fused::check_pos(pos, a.max_position);
         const int lane = part % LANES;
-        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
-        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(cs_rows + s * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(cs_rows + s * D + HALF)[lane];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             const vec_t y = norm_rope(xq[g], ly.q_norm, cs, sn, part);
@@ -744,6 +746,36 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
         if (tid < D)
             decode_reduce_one<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
                                          a.context_lens, nq, D, p.num_splits, p.split_len);
+}
+
+// The first tile of every piece this block's teams will take (attention's
+// loop), into L2: issued once the qkv GEMV is done, so that the keys and
+// values stream in while the grid barrier passes (MV_MEGAKERNEL_PREFETCH_KV).
+template <int D, int G, int NW>
+__device__ __forceinline__ void prefetch_attention(const params &p, const megakernel_layer_t &ly, int M) {
+    constexpr int TEAMS = cfg<NW>::TEAMS;
+    const megakernel_args_t &a = p.a;
+    const int nkv = a.num_kv_heads, nbx = nkv * p.groups_per_kv, team = threadIdx.x / DEC_THREADS;
+    const long long row = (long long)nkv * D;
+    const PagedKV kv = {reinterpret_cast<const bf16 *>(ly.k_cache), reinterpret_cast<const bf16 *>(ly.v_cache), row,
+                        row, a.context_lens, a.block_tables, p.block_shift, a.max_blocks};
+    const int tasks = nbx * M * p.num_splits;
+    for (int t = team * gridDim.x + blockIdx.x; t < tasks; t += gridDim.x * TEAMS)
+        decode_piece_prefetch<D, G>(t % nbx, (t / nbx) % M, t / (nbx * M), p.groups_per_kv, threadIdx.x % DEC_THREADS,
+                                    kv, p.num_splits, p.split_len);
+}
+
+// cs_rows[m] = the cos/sin row of row m's position (rope_prep's), [M, D]
+// floats in shared memory, staged once: a step's positions are the same in
+// every layer. Every consumer thread calls it; a csync follows before use.
+template <int MT, int D, int NW>
+__device__ __forceinline__ void stage_cos_sin(const params &p, float *cs_rows) {
+    const megakernel_args_t &a = p.a;
+    for (int i = threadIdx.x; i < MT * D / 4; i += cfg<NW>::CONSUMERS) {
+        const int m = i / (D / 4), pos = a.positions[m];
+        rope_fused::check_pos(pos, a.max_position);
+        reinterpret_cast<float4 *>(cs_rows)[i] = reinterpret_cast<const float4 *>(a.cos_sin + (long long)pos * D)[i % (D / 4)];
+    }
 }
 
 // ---- the GEMV inputs ------------------------------------------------------------------------
@@ -818,6 +850,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
+    float *cs_rows = reinterpret_cast<float *>(mk_smem + p.off_cs);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY ? CONSUMERS : 1);
     __syncthreads();
@@ -836,6 +869,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
+    if (p.fused_rope) stage_cos_sin<MT, D, NW>(p, cs_rows);
     norm_sync ns = {bars + BAR_NORM, 0u};
     norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps, ns);
     for (int l = 0; l < L; l++) {
@@ -852,12 +886,13 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 0, 1);
         gemv<MT, NW>(p.gemv, A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
+        if (p.prefetch_kv) prefetch_attention<D, G, NW>(p, ly, MT);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
-            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly, cs_rows});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
@@ -1010,6 +1045,11 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *gv = getenv("MV_MEGAKERNEL_GEMV");
     if (gv && strcmp(gv, "1") && strcmp(gv, "2")) NOPE("MV_MEGAKERNEL_GEMV=%s (1 or 2)", gv);
     p.gemv = gv && !strcmp(gv, "1") ? 1 : 2;
+    // The pieces' first keys and values prefetched into L2 while barrier 1
+    // passes (MV_MEGAKERNEL_PREFETCH_KV=0: not, for comparison).
+    const char *pk = getenv("MV_MEGAKERNEL_PREFETCH_KV");
+    if (pk && strcmp(pk, "0") && strcmp(pk, "1")) NOPE("MV_MEGAKERNEL_PREFETCH_KV=%s (0 or 1)", pk);
+    p.prefetch_kv = !(pk && !strcmp(pk, "0"));
     p.scale_log2 = (1.0f / sqrtf((float)D)) * 1.4426950408889634f;
     int shift = 0;
     while ((1 << shift) < a->block_size) shift++;
@@ -1042,7 +1082,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
     p.off_part = p.off_x + round128(bytes_x);
-    p.off_bar = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
+    p.off_cs = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
+    p.off_bar = p.off_cs + round128((size_t)M * D * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");

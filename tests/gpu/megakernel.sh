@@ -60,7 +60,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE), g1 /
-# g2 the megakernel with its GEMV version 1 / 2 (MV_MEGAKERNEL_GEMV).
+# g2 the megakernel with its GEMV version 1 / 2 (MV_MEGAKERNEL_GEMV), pk0 without its keys' prefetch
+# into L2 (MV_MEGAKERNEL_PREFETCH_KV=0).
 variant_env() {
   case "$1" in
     mk1) echo MV_MEGAKERNEL=1 ;;
@@ -69,6 +70,7 @@ variant_env() {
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     g1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=1 ;;
     g2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=2 ;;
+    pk0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=0 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
