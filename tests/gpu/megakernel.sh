@@ -17,7 +17,7 @@
 #      GEMV versions alone, their bits compared (gemv_probe.txt)
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
-# SKIP_CH07=1, CHECK_S / CH07_S (their time limits), SWEEP (below).
+# SKIP_CH07=1, CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
 # Leaves under $OUT: engine_check.txt, 09-engine.<variant>.single.<round>.json,
 # megakernel.profile.<variant>.txt, sanitizer logs, run.log.
 set -uo pipefail
@@ -33,6 +33,13 @@ T0=$(date +%s)
 make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
 echo "built in $(( $(date +%s) - T0 )) s"
 status=0
+# The probe compiles (CPU) while the check runs (GPU).
+probe_build=
+if [ "${GEMV_PROBE:-0}" = 1 ]; then
+  nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu -Lbuild/lib -lmv_ch07 -lmv_ch03 \
+    -lmv_core -lcublas -lnccl -o build/gemv_probe > "$OUT/gemv_probe.build.log" 2>&1 &
+  probe_build=$!
+fi
 
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
   echo "=================== build/engine_check --device cuda (graphs: the megakernel where it applies)"
@@ -50,8 +57,8 @@ fi
 
 if [ "${GEMV_PROBE:-0}" = 1 ]; then
   echo "=================== tests/gpu/gemv_probe.cu (the megakernel's GEMV versions alone)"
-  nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu -Lbuild/lib -lmv_ch07 -lmv_ch03 \
-    -lmv_core -lcublas -lnccl -o build/gemv_probe > "$OUT/gemv_probe.build.log" 2>&1 || { tail "$OUT/gemv_probe.build.log"; status=1; }
+  wait "$probe_build"
+  [ -x build/gemv_probe ] || { tail "$OUT/gemv_probe.build.log"; status=1; }
   [ -x build/gemv_probe ] && { timeout 120 ./build/gemv_probe > "$OUT/gemv_probe.txt" 2>&1; rc=$?; [ $rc -eq 0 ] || status=1
     sed -E 's/  globaltimer step [0-9]+ ns//; s/  \(1\.[0-9]+ GHz\)//' "$OUT/gemv_probe.txt"; echo "gemv_probe rc=$rc"; }
 fi
@@ -108,7 +115,7 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   for tool in memcheck racecheck synccheck; do
     echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 4 rows, decode steps in the megakernel)"
-    MV_MEGAKERNEL=1 timeout 200 "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
+    MV_MEGAKERNEL=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
       --model tests/data/tiny-qwen3-mha --device cuda --num-seqs 4 --prompt-len 24 --output-len 16 --repeat 1 \
       --max-num-seqs 4 --max-model-len 128 > "$OUT/sanitizer.$tool.log" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=1
