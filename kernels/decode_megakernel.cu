@@ -1058,11 +1058,11 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *fr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
     if (fr && strcmp(fr, "0") && strcmp(fr, "1")) NOPE("MV_MEGAKERNEL_FUSED_ROPE=%s (0 or 1)", fr);
     p.fused_rope = !(fr && !strcmp(fr, "0")) && p.groups_per_kv == 1;
-    // The GEMV: version 2 (several items a warp at once), or 1 (one at a
-    // time, for comparison): MV_MEGAKERNEL_GEMV. The same sums either way.
+    // The GEMV: version 1 (one item a warp at a time), or 2 (several at
+    // once): MV_MEGAKERNEL_GEMV. The same sums either way.
     const char *gv = getenv("MV_MEGAKERNEL_GEMV");
     if (gv && strcmp(gv, "1") && strcmp(gv, "2")) NOPE("MV_MEGAKERNEL_GEMV=%s (1 or 2)", gv);
-    p.gemv = gv && !strcmp(gv, "1") ? 1 : 2;
+    p.gemv = gv && !strcmp(gv, "2") ? 2 : 1;
     // The pieces' first keys and values prefetched into L2 while barrier 1
     // passes (MV_MEGAKERNEL_PREFETCH_KV=0: not, for comparison).
     const char *pk = getenv("MV_MEGAKERNEL_PREFETCH_KV");

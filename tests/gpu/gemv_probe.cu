@@ -91,6 +91,9 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     }
 }
 
+// One pair of buffers for every variant (a static array inside run<> would be one per instance).
+static unsigned short g_out[2 * 6144], g_ref[2 * 6144];
+
 template <int MT, int NW, int V>
 static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms, bool first, int *bad) {
     const int ks = linear_gemv_k_split(K);
@@ -104,7 +107,7 @@ static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_
     unsigned long long r[4];
     CK(cudaMemcpy(r, d_res, sizeof r, cudaMemcpyDeviceToHost));
     // The outputs: version 1 with 8 warps is the reference; the others must match it bit for bit.
-    static unsigned short h[2 * 6144], hr[2 * 6144];
+    unsigned short *h = g_out, *hr = g_ref;
     CK(cudaMemcpy(h, out, (size_t)MT * N * 2, cudaMemcpyDeviceToHost));
     if (first) memcpy(hr, h, (size_t)MT * N * 2);
     int diff = 0, unwritten = 0;
