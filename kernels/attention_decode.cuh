@@ -81,15 +81,6 @@ __device__ __forceinline__ int decode_piece_len(int split_len, int ctx, int num_
     return max(tile, (per + tile - 1) / tile * tile);
 }
 
-// The keys [start, end) of piece `split` of a sequence of ctx keys (none
-// when start >= end).
-__device__ __forceinline__ void decode_piece_keys(int split_len, int ctx, int num_splits, int split, int *start,
-                                                  int *end) {
-    split_len = decode_piece_len(split_len, ctx, num_splits);
-    *start = split * split_len;
-    *end = split == num_splits - 1 ? ctx : min(ctx, *start + split_len);
-}
-
 // Where a piece reads its activations from. dec_ld_nc: the read-only path
 // (the kernels below: nothing they read is written while they run).
 // dec_ld_cg: L2 only, for a persistent kernel (kernels/decode_megakernel.cu)
@@ -166,8 +157,9 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     const int part = lane % LPK;              // its dims part*8 .. part*8+7
 
     const int ctx = kv.num_keys(s);
-    int start, end;
-    decode_piece_keys(split_len, ctx, num_splits, split, &start, &end);
+    split_len = decode_piece_len(split_len, ctx, num_splits);
+    const int start = split * split_len;
+    const int end = split == num_splits - 1 ? ctx : min(ctx, start + split_len);
     if (start >= end) {
         // No keys in this piece. Unsplit, that is a padded sequence with
         // ctx = 0: its output is 0 (as version 1). Split, the reduction
@@ -294,31 +286,6 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     }
 }
 
-// The keys and values of a piece's first tile (the rows decode_piece_v2's
-// first loads read) into L2, by one lane per 128-byte line: for a
-// persistent kernel (the decode megakernel) that knows a piece's rows a
-// phase before it may read them, so that the piece's first loads find L2
-// instead of device memory. A prefetch is only a hint; the key a piece
-// stores itself (rope_prep) goes to L2 too, which keeps the line current.
-template <int D, int G>
-__device__ __forceinline__ void decode_piece_prefetch(int bx, int s, int split, int groups_per_kv, int tid,
-                                                      const PagedKV &kv, int num_splits, int split_len) {
-    constexpr int U = dec_unroll(G), LPK = D / 8, SUB = 32 / LPK, NSUB = DEC_WARPS * SUB;
-    const int lane = tid % 32, sub = (tid / 32) * SUB + lane / LPK, part = lane % LPK;
-    if (part % 8) return;  // 8 lanes' 16 bytes a line
-    int start, end;
-    decode_piece_keys(split_len, kv.num_keys(s), num_splits, split, &start, &end);
-    const long long head_off = (long long)(bx / groups_per_kv) * D + part * 8;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int j = start + u * NSUB + sub;
-        if (j >= end) break;
-        const long long row = kv.key_row(s, j);
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kv.k + row * kv.k_stride + head_off));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(kv.v + row * kv.v_stride + head_off));
-    }
-}
-
 #ifndef MV_DECODE_DEVICE_ONLY
 template <int D, int G>
 __global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
@@ -335,14 +302,6 @@ decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H
 // The reduction of the split pieces of (sequence s, head h), output
 // dimension d (one thread each). Only the ceil(ctx / split_len) pieces
 // that hold keys were written; the others are never read.
-//
-// Its sums: M = the pieces' largest m, then L and A over the pieces in
-// order (fmaf). Up to DEC_REDUCE_BATCH pieces (every decode step of up to
-// 16 x 256 keys a piece), every load is issued before the first sum: one
-// trip to L2 instead of one a piece or two (the loop below it, for more
-// pieces, waits on its loads as it goes). The same sums in the same order
-// either way, so the same bits.
-enum { DEC_REDUCE_BATCH = 16 };
 template <class Ld>
 __device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out, const float *ws_o,
                                                   const float *ws_ml, const int32_t *context_lens, int H, int D,
@@ -351,33 +310,13 @@ __device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out
     split_len = decode_piece_len(split_len, ctx, num_splits);
     const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + split_len - 1) / split_len);
     const long long first = ((long long)s * H + h) * num_splits;  // piece 0 of this (sequence, head)
-    float M = -INFINITY, L = 0.0f, A = 0.0f;
-    if (used <= DEC_REDUCE_BATCH) {
-        float mk[DEC_REDUCE_BATCH], lk[DEC_REDUCE_BATCH], ok[DEC_REDUCE_BATCH];
-#pragma unroll
-        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
-            if (k < used) {
-                mk[k] = Ld::f32(ws_ml + (first + k) * 2);
-                lk[k] = Ld::f32(ws_ml + (first + k) * 2 + 1);
-                ok[k] = Ld::f32(ws_o + (first + k) * D + d);
-            }
-#pragma unroll
-        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
-            if (k < used) M = fmaxf(M, mk[k]);
-#pragma unroll
-        for (int k = 0; k < DEC_REDUCE_BATCH; k++)
-            if (k < used) {
-                const float w = exp2f(mk[k] - M);
-                L = fmaf(w, lk[k], L);
-                A = fmaf(w, ok[k], A);
-            }
-    } else {
-        for (int k = 0; k < used; k++) M = fmaxf(M, Ld::f32(ws_ml + (first + k) * 2));
-        for (int k = 0; k < used; k++) {
-            const float w = exp2f(Ld::f32(ws_ml + (first + k) * 2) - M);
-            L = fmaf(w, Ld::f32(ws_ml + (first + k) * 2 + 1), L);
-            A = fmaf(w, Ld::f32(ws_o + (first + k) * D + d), A);
-        }
+    float M = -INFINITY;
+    for (int k = 0; k < used; k++) M = fmaxf(M, Ld::f32(ws_ml + (first + k) * 2));
+    float L = 0.0f, A = 0.0f;
+    for (int k = 0; k < used; k++) {
+        const float w = exp2f(Ld::f32(ws_ml + (first + k) * 2) - M);
+        L = fmaf(w, Ld::f32(ws_ml + (first + k) * 2 + 1), L);
+        A = fmaf(w, Ld::f32(ws_o + (first + k) * D + d), A);
     }
     out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
 }

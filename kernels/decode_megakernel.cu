@@ -132,10 +132,8 @@ struct params {
     float scale_log2;
     int block_shift;
     long long num_slots;
-    unsigned off_b, off_x, off_part, off_cs, off_bar;  // shared-memory offsets (A at 0)
+    unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
     int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
-    int gemv;                        // the GEMV's version: 1 gemv_v1, 2 gemv_v2 (the same sums)
-    int prefetch_kv;                 // 1: the pieces' first keys and values into L2 before barrier 1
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
 };
@@ -227,19 +225,16 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
 __device__ __forceinline__ void unpack8(const uint4 &v, float f[8]) { bf16x8_to_float(v, f); }
 
 // out[m][row0 + r] for the block's rows r of W (shared, [rows, K]), from
-// xs (shared, [MT][K / 8] vectors). The work items are (row pair, K slice);
-// within a slice, as linear_gemv_kernel does, a lane takes its chunks
-// (c = slab * 32 + lane) in slab order, each chunk's 8 products in order,
-// and the warp adds its lanes' sums in warp_sum's butterfly. A slice's warp
-// sums go to part[] (shared), and each output then adds its slices' sums
-// in slice order from 0, as linear_gemv_kernel's last step does: the same
-// bits, whichever warp took which slice (gemv_slices below). With one slice
-// the warp writes its sums itself. Two versions compute these same sums
-// (MV_MEGAKERNEL_GEMV): version 1 one item a warp at a time, version 2 (the
-// default) several items of a warp together.
+// xs (shared, [MT][K / 8] vectors). The work items are (row pair, K slice):
+// warp w takes items w, w + NW, ...; within a slice, as linear_gemv_kernel
+// does, it loads U slabs' chunks of both rows before it uses any (per lane
+// its chunks in slab order). A slice's warp sums go to part[] (shared), and
+// each output then adds its slices' sums in slice order from 0, as
+// linear_gemv_kernel's last step does: the same bits, whichever warp took
+// which slice. With one slice the warp writes its sums itself.
 //
 // One lane's chunk c of a row pair (w0v, w1v) times the MT rows of xs,
-// into acc in j order: the order of a row's sum.
+// into acc in j order: the order of a row's sum both paths below keep.
 template <int MT>
 __device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, const uint4 *xs, int kc, int c,
                                           float (&acc)[2][MT]) {
@@ -257,43 +252,70 @@ __device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, co
     }
 }
 
-// The GEMVs are functions of their own, not inlined: one copy for each MT
-// and NW, where inlined they were compiled again in each of the kernel's
-// four projections of its 32 instances (a compile four times as long).
-// Their buffers are in shared memory, which a function of its own must be
-// told to use shared loads and stores (LDS, not generic LD).
-__device__ __forceinline__ void assume_shared(const wbuf &b, const uint4 *xs, const float *part) {
-    __builtin_assume(__isShared(b.mem));
-    __builtin_assume(__isShared(xs));
-    __builtin_assume(__isShared(part));
-}
-
-// With K split into ks slices: after every warp's items, each output adds
-// its slices' sums from part[] in slice order from 0.
-template <int MT, int NW>
-__device__ __forceinline__ void gemv_slices(const wbuf &b, int ks, bf16 *out, int N, const float *part) {
-    constexpr int RM = 2 * MT;
-    csync<NW>::sync();
-    for (int o = threadIdx.x; o < b.rows / 2 * RM; o += cfg<NW>::CONSUMERS) {
-        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
-        float v = 0.0f;
-        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
-        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
-    }
-}
-
-// Version 1: warp w takes items w, w + NW, ..., one at a time; it loads U
-// slabs' chunks of both rows before it uses any, then sums each of its 2 MT
-// values with its own warp_sum. An item is one chain: the loads, 8 FMAs a
-// chunk on each accumulator, then 5 dependent shuffles per value; with 2
-// warps a scheduler little of it is hidden (about 1,500 cycles an item on
-// the H200, tests/gpu/gemv_probe.cu).
-template <int MT, int NW>
-__device__ __noinline__ void gemv_v1(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+// IW > 1 (for tests/gpu/gemv_probe.cu; the kernel runs IW = 1): a warp
+// takes IW items at once, w, w + NW, ..., w + (IW - 1) NW, then the next IW,
+// all their loads before any of their sums, so that IW independent chains
+// of FMAs and shuffles overlap. Each sum keeps its order, so the bits are
+// IW = 1's.
+template <int MT, int NW, int IW = 1>
+__device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
     constexpr int U = 4, RM = 2 * MT;
-    assume_shared(b, xs, part);
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int pairs = b.rows / 2, items = pairs * ks;
+    if constexpr (IW > 1) {
+        for (int it0 = warp; it0 < items; it0 += NW * IW) {
+            int q[IW];
+            bool live[IW];
+            const uint4 *w0[IW], *w1[IW];
+            float acc[IW][2][MT];
+#pragma unroll
+            for (int i = 0; i < IW; i++) {
+                const int it = it0 + i * NW;
+                live[i] = it < items;
+                const int itc = live[i] ? it : it0, pr = itc / ks;
+                q[i] = itc % ks;
+                w0[i] = b.mem + (long long)(2 * pr) * kc;
+                w1[i] = w0[i] + kc;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) acc[i][r][m] = 0.0f;
+            }
+            // Step t is slab q + t U ks of each item (the loop of IW = 1, for q = 0 the longest).
+            for (int t = 0; t * U * ks * 32 < kc; t++) {
+                uint4 wv[IW][U][2];
+#pragma unroll
+                for (int i = 0; i < IW; i++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
+                        const bool ok = live[i] && c < kc;
+                        wv[i][u][0] = ok ? w0[i][c] : make_uint4(0, 0, 0, 0);
+                        wv[i][u][1] = ok ? w1[i][c] : make_uint4(0, 0, 0, 0);
+                    }
+#pragma unroll
+                for (int i = 0; i < IW; i++)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        const int c = (q[i] + t * U * ks + u * ks) * 32 + lane;
+                        if (live[i] && c < kc) chunk_fma<MT>(wv[i][u][0], wv[i][u][1], xs, kc, c, acc[i]);
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < IW; i++) {
+                const int it = it0 + i * NW, pr = it / ks;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        const float v = warp_sum(acc[i][r][m]);
+                        if (!live[i] || lane != r * MT + m) continue;
+                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                        else part[it * RM + r * MT + m] = v;
+                    }
+            }
+        }
+    } else
     for (int it = warp; it < items; it += NW) {
         const int pr = it / ks, q = it % ks;
         const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
@@ -326,134 +348,14 @@ __device__ __noinline__ void gemv_v1(const wbuf b, int K, int ks, const uint4 *x
                 else part[it * RM + r * MT + m] = v;
             }
     }
-    if (ks > 1) gemv_slices<MT, NW>(b, ks, out, N, part);
-}
-
-// V values a lane (V a power of two up to 32), each to be summed over the
-// warp: returns value lane / (32 / V)'s sum, in every lane of that group of
-// 32 / V lanes. warp_sum adds, at offsets 16, 8, ..., 1, the partner lane's
-// value to its own. Here, at each of the first log2 V offsets, a lane keeps
-// half of its values (the upper half where its lane bit of that offset is
-// set) and sends its partner the other half, which the partner keeps: so
-// every value kept gets exactly the partner sum warp_sum would add at that
-// level, and every node of every value's tree is warp_sum's (a + b is b + a
-// in IEEE arithmetic). V - 1 shuffles halve the values down to one a lane,
-// then 5 - log2 V more finish it: 9 for 8 values instead of 40.
-template <int V>
-__device__ __forceinline__ float warp_sum_many(float (&a)[V], int lane) {
-    static_assert(V >= 1 && V <= 32 && (V & (V - 1)) == 0, "a power of two up to 32 values");
-#pragma unroll
-    for (int lvl = 0; (1 << lvl) < V; lvl++) {
-        const int h = (V >> lvl) / 2, off = 16 >> lvl;
-        const bool up = lane & off;
-#pragma unroll
-        for (int k = 0; k < h; k++) {
-            const float send = up ? a[k] : a[k + h];
-            a[k] = (up ? a[k + h] : a[k]) + __shfl_xor_sync(0xffffffffu, send, off);
-        }
+    if (ks == 1) return;
+    csync<NW>::sync();
+    for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
+        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+        float v = 0.0f;
+        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
+        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
     }
-    float v = a[0];
-#pragma unroll
-    for (int off = 16 / V; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
-
-// Version 2, one group: P items of a warp (it0, it0 + step, ...; those
-// past `items` are skipped), all of K slice q = it0 % ks (step a multiple
-// of ks). Each step loads U slabs' chunks of the 2 P rows and of xs (one x
-// chunk for all of them) before it uses any, so P items' FMAs are P
-// independent pairs of chains; then the 2 P MT sums in one warp_sum_many.
-template <int MT, int P>
-__device__ __forceinline__ void gemv_group(const wbuf &b, int kc, int ks, const uint4 *xs, bf16 *out, int N,
-                                           float *part, int it0, int step, int items) {
-    constexpr int R = 2 * P, V = R * MT, RM = 2 * MT, U = P == 1 ? 4 : 2;
-    const int lane = threadIdx.x % 32, q = it0 % ks;
-    const uint4 *w[R];
-    bool live[P];
-#pragma unroll
-    for (int i = 0; i < P; i++) {
-        const int it = it0 + i * step;
-        live[i] = it < items;
-        w[2 * i] = b.mem + (long long)(2 * ((live[i] ? it : it0) / ks)) * kc;
-        w[2 * i + 1] = w[2 * i] + kc;
-    }
-    float acc[V];  // [i][r][m]: item i's row r, input row m
-#pragma unroll
-    for (int k = 0; k < V; k++) acc[k] = 0.0f;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int slab = q; slab * 32 < kc; slab += U * ks) {
-        uint4 wv[U][R], xv[U][MT];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int c = (slab + u * ks) * 32 + lane;
-            const bool ok = c < kc;
-#pragma unroll
-            for (int m = 0; m < MT; m++) xv[u][m] = ok ? xs[m * kc + c] : zero;
-#pragma unroll
-            for (int k = 0; k < R; k++) wv[u][k] = ok && live[k / 2] ? w[k][c] : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if ((slab + u * ks) * 32 + lane >= kc) continue;  // as version 1: no product of a chunk past K
-            float xf[MT][8];
-#pragma unroll
-            for (int m = 0; m < MT; m++) unpack8(xv[u][m], xf[m]);
-#pragma unroll
-            for (int k = 0; k < R; k++) {
-                if (!live[k / 2]) continue;
-                float wf[8];
-                unpack8(wv[u][k], wf);
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc[k * MT + m] = fmaf(wf[j], xf[m][j], acc[k * MT + m]);
-            }
-        }
-    }
-    const float v = warp_sum_many<V>(acc, lane);
-    if (lane % (32 / V)) return;
-    const int k = lane / (32 / V), i = k / RM, r = (k / MT) % 2, m = k % MT, it = it0 + i * step;
-    if (it >= items) return;
-    if (ks == 1) out[(long long)m * N + b.row0 + 2 * (it / ks) + r] = __float2bfloat16(0.0f + v);
-    else part[it * RM + r * MT + m] = v;
-}
-
-// Version 2: warp w's items w, w + NW, ... in groups of up to 4 (as many
-// as 2 P MT <= 32 values allow): 3 or more left take a group of 4 (the
-// fourth skipped when absent), 2 a group of 2, 1 alone. NW must be a
-// multiple of ks, so that a warp's items share their slice; otherwise
-// version 1 runs (the same sums).
-template <int MT, int NW>
-__device__ __noinline__ void gemv_v2(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
-    constexpr int PMAX = 16 / MT < 4 ? 16 / MT : 4;
-    if (NW % ks) {
-        gemv_v1<MT, NW>(b, K, ks, xs, out, N, part);
-        return;
-    }
-    assume_shared(b, xs, part);
-    const int kc = K / 8, items = b.rows / 2 * ks;
-    for (int it = threadIdx.x / 32; it < items;) {
-        const int left = (items - it + NW - 1) / NW;
-        if (PMAX >= 4 && left >= 3) {
-            gemv_group<MT, PMAX >= 4 ? 4 : 2>(b, kc, ks, xs, out, N, part, it, NW, items);
-            it += 4 * NW;
-        } else if (left >= 2) {
-            gemv_group<MT, 2>(b, kc, ks, xs, out, N, part, it, NW, items);
-            it += 2 * NW;
-        } else {
-            gemv_group<MT, 1>(b, kc, ks, xs, out, N, part, it, NW, items);
-            it += NW;
-        }
-    }
-    if (ks > 1) gemv_slices<MT, NW>(b, ks, out, N, part);
-}
-
-// The GEMV of the version the kernel runs (p.gemv: MV_MEGAKERNEL_GEMV).
-template <int MT, int NW>
-__device__ __forceinline__ void gemv(int version, const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N,
-                                     float *part) {
-    if (version == 1) gemv_v1<MT, NW>(b, K, ks, xs, out, N, part);
-    else gemv_v2<MT, NW>(b, K, ks, xs, out, N, part);
 }
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
@@ -634,7 +536,6 @@ struct rope_prep {
     using fvec_t = rope_fused::fvec<VEC>;
     const params *p;
     megakernel_layer_t ly;
-    const float *cs_rows;  // shared: [M, D] the cos/sin row of each row's position (stage_cos_sin)
 
     // A head's two halves as rope_store's lane (part % LANES) reads them.
     struct raw {
@@ -659,10 +560,9 @@ struct rope_prep {
     }
 
     // Every load first (the queries, and in the last piece warp 0's key,
-    // value and slot), then the math: one trip to L2 before the keys, as
-    // the plain queries, but without rope_store's phase and its barrier
-    // (the cos/sin rows of the step's positions are in shared memory since
-    // the kernel's start: the same for every layer). Warp 0 of the last piece
+    // value and slot), then the cos/sin row of the position, then the math:
+    // two trips to L2 before the keys, where the plain queries take one
+    // but come after rope_store's phase and its barrier. Warp 0 of the last piece
     // computes its kv head's new key (both substreams the same lanes'
     // values); its first D / 8 lanes store key and value, 16 bytes each, as
     // rope_store does (slot -1: a padding row, left alone).
@@ -671,7 +571,7 @@ struct rope_prep {
                                           int kvh, int part, int tid, bool last, float scale_log2) const {
         static_assert(DD == D, "one head size");
         const megakernel_args_t &a = p->a;
-        const int nkv = a.num_kv_heads;
+        const int pos = a.positions[s], nkv = a.num_kv_heads;
         raw xq[G];
 #pragma unroll
         for (int g = 0; g < G; g++) xq[g] = load(q + (long long)s * q_stride + (long long)(h0 + g) * D, part);
@@ -685,9 +585,10 @@ struct rope_prep {
             v = ldcg16(khead + nkv * D + part * 8);
             slot = a.slot_mapping[s];
         }
+        rope_fused::check_pos(pos, a.max_position);
         const int lane = part % LANES;
-        const fvec_t cs = reinterpret_cast<const fvec_t *>(cs_rows + s * D)[lane];
-        const fvec_t sn = reinterpret_cast<const fvec_t *>(cs_rows + s * D + HALF)[lane];
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             const vec_t y = norm_rope(xq[g], ly.q_norm, cs, sn, part);
@@ -748,36 +649,6 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
                                          a.context_lens, nq, D, p.num_splits, p.split_len);
 }
 
-// The first tile of every piece this block's teams will take (attention's
-// loop), into L2: issued once the qkv GEMV is done, so that the keys and
-// values stream in while the grid barrier passes (MV_MEGAKERNEL_PREFETCH_KV).
-template <int D, int G, int NW>
-__device__ __forceinline__ void prefetch_attention(const params &p, const megakernel_layer_t &ly, int M) {
-    constexpr int TEAMS = cfg<NW>::TEAMS;
-    const megakernel_args_t &a = p.a;
-    const int nkv = a.num_kv_heads, nbx = nkv * p.groups_per_kv, team = threadIdx.x / DEC_THREADS;
-    const long long row = (long long)nkv * D;
-    const PagedKV kv = {reinterpret_cast<const bf16 *>(ly.k_cache), reinterpret_cast<const bf16 *>(ly.v_cache), row,
-                        row, a.context_lens, a.block_tables, p.block_shift, a.max_blocks};
-    const int tasks = nbx * M * p.num_splits;
-    for (int t = team * gridDim.x + blockIdx.x; t < tasks; t += gridDim.x * TEAMS)
-        decode_piece_prefetch<D, G>(t % nbx, (t / nbx) % M, t / (nbx * M), p.groups_per_kv, threadIdx.x % DEC_THREADS,
-                                    kv, p.num_splits, p.split_len);
-}
-
-// cs_rows[m] = the cos/sin row of row m's position (rope_prep's), [M, D]
-// floats in shared memory, staged once: a step's positions are the same in
-// every layer. Every consumer thread calls it; a csync follows before use.
-template <int MT, int D, int NW>
-__device__ __forceinline__ void stage_cos_sin(const params &p, float *cs_rows) {
-    const megakernel_args_t &a = p.a;
-    for (int i = threadIdx.x; i < MT * D / 4; i += cfg<NW>::CONSUMERS) {
-        const int m = i / (D / 4), pos = a.positions[m];
-        rope_fused::check_pos(pos, a.max_position);
-        reinterpret_cast<float4 *>(cs_rows)[i] = reinterpret_cast<const float4 *>(a.cos_sin + (long long)pos * D)[i % (D / 4)];
-    }
-}
-
 // ---- the GEMV inputs ------------------------------------------------------------------------
 
 template <int NW>
@@ -787,41 +658,23 @@ __device__ __forceinline__ void stage(uint4 *xs, const bf16_t *src, int n16) {
 }
 
 // xs[m][c] = SiluAndMul of gate_up's row m, chunk c (gemv_x_silu_mul's values).
-// A thread's vectors i, i + CONSUMERS, ... come PER at a time, all their
-// loads before any of their math: one trip to L2 for up to PER x 256
-// vectors (a row of Qwen3-0.6B's 384, or two), where a loop that loaded
-// as it went took one trip a vector.
 template <int NW>
 __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int M, int I) {
-    constexpr int PER = 4, C = cfg<NW>::CONSUMERS;
-    const int kc = I / 8, n = M * kc;
+    const int kc = I / 8;
     const uint4 *gu = reinterpret_cast<const uint4 *>(gate_up);
-    for (int i0 = threadIdx.x; i0 < n; i0 += PER * C) {
-        uint4 gv[PER], uv[PER];
+    for (int i = threadIdx.x; i < M * kc; i += cfg<NW>::CONSUMERS) {
+        const int m = i / kc, c = i % kc;
+        float g[8], u[8];
+        unpack8(__ldcg(gu + (long long)m * 2 * kc + c), g);
+        unpack8(__ldcg(gu + (long long)m * 2 * kc + kc + c), u);
+        uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int i = i0 + k * C, m = i / kc, c = i % kc;
-            if (i < n) {
-                gv[k] = __ldcg(gu + (long long)m * 2 * kc + c);
-                uv[k] = __ldcg(gu + (long long)m * 2 * kc + kc + c);
-            }
+        for (int j = 0; j < 4; j++) {
+            const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
+                                                             silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
+            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
         }
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            const int i = i0 + k * C;
-            if (i >= n) break;
-            float g[8], u[8];
-            unpack8(gv[k], g);
-            unpack8(uv[k], u);
-            uint32_t w[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
-                                                                 silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
-                w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
-            }
-            xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 
@@ -868,7 +721,6 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
-    float *cs_rows = reinterpret_cast<float *>(mk_smem + p.off_cs);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY ? CONSUMERS : 1);
     __syncthreads();
@@ -887,7 +739,6 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
-    if (p.fused_rope) stage_cos_sin<MT, D, NW>(p, cs_rows);
     norm_sync ns = {bars + BAR_NORM, 0u};
     norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps, ns);
     for (int l = 0; l < L; l++) {
@@ -902,15 +753,14 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 0, 0);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
-        gemv<MT, NW>(p.gemv, A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
+        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
-        if (p.prefetch_kv) prefetch_attention<D, G, NW>(p, ly, MT);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
-            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly, cs_rows});
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
@@ -929,7 +779,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 1, 0);
         wait(B, H);
         mark(tl, L, l, 1, 1);
-        gemv<MT, NW>(p.gemv, B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
@@ -942,7 +792,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 2, 0);
         wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
-        gemv<MT, NW>(p.gemv, A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
@@ -953,7 +803,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 3, 0);
         wait(B, H);
         mark(tl, L, l, 3, 1);
-        gemv<MT, NW>(p.gemv, B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
@@ -1058,16 +908,6 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *fr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
     if (fr && strcmp(fr, "0") && strcmp(fr, "1")) NOPE("MV_MEGAKERNEL_FUSED_ROPE=%s (0 or 1)", fr);
     p.fused_rope = !(fr && !strcmp(fr, "0")) && p.groups_per_kv == 1;
-    // The GEMV: version 1 (one item a warp at a time), or 2 (several at
-    // once): MV_MEGAKERNEL_GEMV. The same sums either way.
-    const char *gv = getenv("MV_MEGAKERNEL_GEMV");
-    if (gv && strcmp(gv, "1") && strcmp(gv, "2")) NOPE("MV_MEGAKERNEL_GEMV=%s (1 or 2)", gv);
-    p.gemv = gv && !strcmp(gv, "2") ? 2 : 1;
-    // The pieces' first keys and values prefetched into L2 while barrier 1
-    // passes (MV_MEGAKERNEL_PREFETCH_KV=0: not, for comparison).
-    const char *pk = getenv("MV_MEGAKERNEL_PREFETCH_KV");
-    if (pk && strcmp(pk, "0") && strcmp(pk, "1")) NOPE("MV_MEGAKERNEL_PREFETCH_KV=%s (0 or 1)", pk);
-    p.prefetch_kv = !(pk && !strcmp(pk, "0"));
     p.scale_log2 = (1.0f / sqrtf((float)D)) * 1.4426950408889634f;
     int shift = 0;
     while ((1 << shift) < a->block_size) shift++;
@@ -1100,8 +940,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
     p.off_part = p.off_x + round128(bytes_x);
-    p.off_cs = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
-    p.off_bar = p.off_cs + round128((size_t)M * D * sizeof(float));
+    p.off_bar = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");

@@ -801,77 +801,6 @@ def render_megakernel_rope():
     return "\n".join(out) + "\n"
 
 
-GEMV_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel-gemv.txt")
-PROBE_LINE = re.compile(r"^(\S+)\s+M (\d)\s+warps\s+(\d+)\s+version (\d)\s+rows\s+(\d+)\s+K\s+(\d+)\s+ks (\d)\s+"
-                        r"(\d+) cycles\s+(\d+) ns")
-
-
-def render_megakernel_gemv():
-    """The megakernel's GEMV version 2 (the default) against version 1 (MV_MEGAKERNEL_GEMV=1), and without the
-    pieces' key prefetch (MV_MEGAKERNEL_PREFETCH_KV=0), alternated (json/09-engine.gemv.{v2,v1,pk0}.{1,2}.json);
-    the profiles and the GEMV probe of the same run (docs/results/09-engine-megakernel-gemv.txt)."""
-    runs = {(k, r): load(f"09-engine.gemv.{k}.{r}.json") for k in ("v2", "v1", "pk0") for r in (1, 2)}
-    if not all(runs.values()) or not os.path.exists(GEMV_TXT):
-        return None
-    d = runs["v2", 1]
-    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
-           f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
-           f"(`VARIANTS=\"g2 g1 pk0\" bash tests/gpu/megakernel.sh`): the megakernel with its GEMV version 1 "
-           f"(`MV_MEGAKERNEL_GEMV=1`), version 2 (the default), and version 2 without the attention pieces' key "
-           f"prefetch (`MV_MEGAKERNEL_PREFETCH_KV=0`), alternated. Output tok/s, median of 3 (min - max), and the "
-           f"median time per output token:", "",
-           "| round | version 1 | version 2 | version 2 / 1 | version 2, no prefetch |",
-           "| --- | ---: | ---: | ---: | ---: |"]
-    for r in (1, 2):
-        a, b, c = runs["v1", r], runs["v2", r], runs["pk0", r]
-        out.append(f"| {r} | {one_stream_cell(a)} | {one_stream_cell(b)} | "
-                   f"{100 * b['output_tok_s'] / a['output_tok_s']:.1f}% | {one_stream_cell(c)} |")
-    lines = open(GEMV_TXT).read().splitlines()
-    v1, n1, us1 = profile_phases(lines, "g1")
-    v2, n2, us2 = profile_phases(lines, "g2")
-    out += ["", f"The profile of the last step of each (`MV_MEGAKERNEL_PROFILE=1`, the same run, "
-            f"docs/results/09-engine-megakernel-gemv.txt): {us1:,.1f} us to the last of {n1} grid barriers with "
-            f"version 1, {us2:,.1f} us with version 2. The mean over the 28 layers, in us (work + barrier), and block "
-            f"0's own GEMV inside each projection:", "",
-            "| phase | version 1 | version 2 |", "| --- | ---: | ---: |"]
-    by2 = {n: (a, b) for n, a, b in v2}
-    for name, a, b in v1:
-        if name in by2:
-            x, y = by2[name]
-            out.append(f"| {name} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
-    ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
-    (wa, ba), (wb, bb) = ws(v1), ws(v2)
-    out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
-    gemv = {}
-    for tag in ("g1", "g2"):
-        start = lines.index(f"# {tag}") + 1
-        b0 = next(i for i in range(start, len(lines)) if lines[i].startswith("  block 0 in the projections"))
-        for l in lines[b0 + 1:]:
-            g = BLOCK0_LINE.match(l)
-            if not g:
-                break
-            gemv.setdefault(g.group(1), {})[tag] = float(g.group(4))
-    for name, t in gemv.items():
-        out.append(f"| block 0's {name} GEMV | {t['g1']:.2f} | {t['g2']:.2f} |")
-    probe = [PROBE_LINE.match(l) for l in lines]
-    probe = [g for g in probe if g]
-    if probe:
-        ns = {(g.group(1), int(g.group(2)), int(g.group(3)), int(g.group(4))): (int(g.group(5)), int(g.group(9)))
-              for g in probe}
-        out += ["", "The GEMV alone (`tests/gpu/gemv_probe.cu`, the same run: block 0's share already in shared "
-                "memory, one block a SM, the mean of 200 GEMVs, ns; every variant's bits those of version 1 with 8 "
-                "warps):", "",
-                "| projection | rows a block | M | 8 warps: v1 | v2 | v1 / v2 | 16 warps: v1 | v2 |",
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for (name, m, w, v), (rows, _) in ns.items():
-            if w != 8 or v != 1:
-                continue
-            a, b = ns[name, m, 8, 1][1], ns.get((name, m, 8, 2), (0, 0))[1]
-            c, e = ns.get((name, m, 16, 1), (0, 0))[1], ns.get((name, m, 16, 2), (0, 0))[1]
-            out.append(f"| {name} | {rows} | {m} | {a:,} | {b:,} | {a / b if b else 0:.2f}x | {c:,} | {e:,} |")
-    return "\n".join(out) + "\n"
-
-
 def render_lt_probe():
     """cuBLAS's first choice against the best of cublasLt's heuristic list, in graphs (json/09-engine.lt-probe.json,
     tests/gpu/lt_probe.cu)."""
@@ -1203,9 +1132,6 @@ def blocks():
     rope = render_megakernel_rope()
     if rope:
         out["09-engine:megakernel-rope"] = ("09-engine.rope-pieces.on.1.json", rope)
-    gemv = render_megakernel_gemv()
-    if gemv:
-        out["09-engine:megakernel-gemv"] = ("09-engine.gemv.v2.1.json", gemv)
     lt = render_lt_probe()
     if lt:
         out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)

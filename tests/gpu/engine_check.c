@@ -430,9 +430,7 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
 // unfused kernels at 1 to 8 rows, which no other case reaches), which must
 // not take it and must give the same bits too; and at 1 and 2 rows with
 // MV_MEGAKERNEL_FUSED_ROPE=0 (the megakernel's q/k norm + RoPE + KV store
-// as a phase of their own instead of inside its attention pieces); and at
-// every row count with MV_MEGAKERNEL_GEMV=1 (its GEMV one item a warp at a
-// time, version 1, instead of version 2's groups).
+// as a phase of their own instead of inside its attention pieces).
 static int megakernel_expected(void) {
 #if MV_HAVE_CUDA
     int dev = 0, major = 0;
@@ -445,8 +443,7 @@ static int megakernel_expected(void) {
 }
 
 // use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0, 2 with
-// MV_MEGAKERNEL=1 and MV_MEGAKERNEL_FUSED_ROPE=0 (1 and 2 rows only), 3
-// with MV_MEGAKERNEL=1 and MV_MEGAKERNEL_GEMV=1.
+// MV_MEGAKERNEL=1 and MV_MEGAKERNEL_FUSED_ROPE=0 (1 and 2 rows only).
 static void check_megakernel_with(const char *dir, const golden_t *g, int random_weights, int use) {
     static const int batches[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
@@ -463,12 +460,10 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
             snprintf(saved, sizeof saved, "%s", was ? was : "");
             setenv("MV_MEGAKERNEL", use ? "1" : "0", 1);
             if (use == 2) setenv("MV_MEGAKERNEL_FUSED_ROPE", "0", 1);
-            if (use == 3) setenv("MV_MEGAKERNEL_GEMV", "1", 1);
             const int rc_a = !ha || !hb || run_hashed_ex(dir, 0, sampled, g, f, n, B, random_weights, a, ha, &graphs, &mk);
             if (was) setenv("MV_MEGAKERNEL", saved, 1);
             else unsetenv("MV_MEGAKERNEL");
             if (use == 2) unsetenv("MV_MEGAKERNEL_FUSED_ROPE");
-            if (use == 3) unsetenv("MV_MEGAKERNEL_GEMV");
             if (rc_a || run_hashed_ex(dir, 1, sampled, g, f, n, B, random_weights, b, hb, &none, &dummy)) {
                 verdict("FAIL", "%s megakernel, %d rows, %s: %s", dir, B, sampled ? "sampled" : "greedy", mv_last_error());
                 free(ha), free(hb);
@@ -486,8 +481,7 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
             if (use)
                 snprintf(how, sizeof how, "%s%s (megakernel: steps of 1 to %d rows)",
                          ran ? "the megakernel" : "the unfused graph",
-                         use == 2 ? " with MV_MEGAKERNEL_FUSED_ROPE=0" : use == 3 ? " with MV_MEGAKERNEL_GEMV=1" : "",
-                         mk);
+                         use == 2 ? " with MV_MEGAKERNEL_FUSED_ROPE=0" : "", mk);
             else
                 snprintf(how, sizeof how, "the unfused graph (MV_MEGAKERNEL=0)");
             if (use && mk == 0 && megakernel_expected())
@@ -513,7 +507,6 @@ static void check_megakernel(const char *dir, const golden_t *g, int random_weig
     check_megakernel_with(dir, g, random_weights, 1);
     check_megakernel_with(dir, g, random_weights, 0);
     check_megakernel_with(dir, g, random_weights, 2);
-    check_megakernel_with(dir, g, random_weights, 3);
 }
 
 // Qwen3-0.6B's shapes with random weights: 8 prompts of 20 to 62 ids

@@ -14,7 +14,7 @@
 #   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
 #      decode steps take the megakernel
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
-#      GEMV versions alone, their bits compared (gemv_probe.txt)
+#      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
 # SKIP_CH07=1, CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
@@ -56,7 +56,7 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
 fi
 
 if [ "${GEMV_PROBE:-0}" = 1 ]; then
-  echo "=================== tests/gpu/gemv_probe.cu (the megakernel's GEMV versions alone)"
+  echo "=================== tests/gpu/gemv_probe.cu (the megakernel's GEMV alone)"
   wait "$probe_build"
   [ -x build/gemv_probe ] || { tail "$OUT/gemv_probe.build.log"; status=1; }
   [ -x build/gemv_probe ] && { timeout 120 ./build/gemv_probe > "$OUT/gemv_probe.txt" 2>&1; rc=$?; [ $rc -eq 0 ] || status=1
@@ -66,18 +66,13 @@ fi
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
-# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE), g1 /
-# g2 the megakernel with its GEMV version 1 / 2 (MV_MEGAKERNEL_GEMV), pk0 without its keys' prefetch
-# into L2 (MV_MEGAKERNEL_PREFETCH_KV=0).
+# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE).
 variant_env() {
   case "$1" in
     mk1) echo MV_MEGAKERNEL=1 ;;
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
-    g1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=1 ;;
-    g2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GEMV=2 ;;
-    pk0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=0 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }

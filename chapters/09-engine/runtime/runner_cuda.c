@@ -561,20 +561,12 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1), MV_MEGAKERNEL_PREFETCH_KV (0 or 1) and MV_MEGAKERNEL_GEMV (1 or 2): any
-// other value is refused at
+// 1): any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
     const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
     const char *mixed = getenv("MV_SPLIT_MIXED"), *mkr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
-    const char *mkg = getenv("MV_MEGAKERNEL_GEMV"), *mkp = getenv("MV_MEGAKERNEL_PREFETCH_KV");
-    if (mkp && strcmp(mkp, "0") && strcmp(mkp, "1"))
-        return mv_error("MV_MEGAKERNEL_PREFETCH_KV=%s: it takes 0 (the megakernel's attention pieces read their keys "
-                        "cold) or 1 (their first keys prefetched into L2 a phase ahead, the default)", mkp);
-    if (mkg && strcmp(mkg, "1") && strcmp(mkg, "2"))
-        return mv_error("MV_MEGAKERNEL_GEMV=%s: it takes 1 (the megakernel's GEMV one item a warp at a time) or 2 "
-                        "(several items a warp together, the default)", mkg);
     if (mkr && strcmp(mkr, "0") && strcmp(mkr, "1"))
         return mv_error("MV_MEGAKERNEL_FUSED_ROPE=%s: it takes 0 (the megakernel's q/k norm + RoPE + KV store as a "
                         "phase of their own) or 1 (inside its attention pieces, the default)", mkr);
