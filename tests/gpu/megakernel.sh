@@ -36,6 +36,7 @@ status=0
 # The probe compiles (CPU) while the check runs (GPU).
 probe_build=
 if [ "${GEMV_PROBE:-0}" = 1 ]; then
+  rm -f build/gemv_probe  # a failed compile must not leave an older probe to run
   nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu -Lbuild/lib -lmv_ch07 -lmv_ch03 \
     -lmv_core -lcublas -lnccl -o build/gemv_probe > "$OUT/gemv_probe.build.log" 2>&1 &
   probe_build=$!
