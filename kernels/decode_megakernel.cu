@@ -82,6 +82,7 @@
 #include "kernels/activation.cuh"
 #include "kernels/attention.h"
 #include "kernels/common.cuh"
+#include "kernels/gemv_mma.cuh"
 #include "kernels/grid_barrier.cuh"
 #include "kernels/mbarrier.cuh"
 #include "kernels/linear.h"
@@ -136,6 +137,7 @@ struct params {
     int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
+    unsigned pad;                    // bytes after each row of W in shared memory (GEMV version 3: 64)
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -202,16 +204,23 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             if (fills[buf] > 0) mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
             int row0, rows;
             share(N, &row0, &rows);
-            const unsigned bytes = (unsigned)rows * (unsigned)K * 2u, n = (bytes + p.chunk - 1) / p.chunk;
+            // Rows padded in shared memory (p.pad bytes after each, GEMV
+            // version 3): a row at a time; unpadded: the share as one row.
+            const unsigned row_bytes = (unsigned)K * 2u, segs = p.pad ? (unsigned)rows : 1u;
+            const unsigned bytes = p.pad ? row_bytes : (unsigned)rows * row_bytes, pitch = row_bytes + p.pad;
+            const unsigned per_seg = (bytes + p.chunk - 1) / p.chunk;
             const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
             char *dst = reinterpret_cast<char *>(bufs[buf]);
-            for (unsigned c = 0; c < n; c++, issued++) {
-                const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk;
-                const unsigned slot = issued % R;
-                if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
-                mbar_expect(ring + slot, len);
-                bulk_copy(dst + off, src + off, len, ring + slot);
-            }
+            const unsigned first = issued;
+            for (unsigned r = 0; r < segs; r++)
+                for (unsigned c = 0; c < per_seg; c++, issued++) {
+                    const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk;
+                    const unsigned slot = issued % R;
+                    if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
+                    mbar_expect(ring + slot, len);
+                    bulk_copy(dst + r * pitch + off, src + r * row_bytes + off, len, ring + slot);
+                }
+            const unsigned n = issued - first;
             for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
                 mbar_wait(ring + i % R, (i / R) & 1u);
             mbar_arrive(bars + BAR_FULL + buf);
@@ -356,6 +365,69 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
         for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
         out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
     }
+}
+
+// ---- the GEMV from shared memory, version 3 (linear_gemv_mma_kernel's sums) -------------
+//
+// The block's rows of W (shared, [rows] rows of pitch uint4s: K / 8 and
+// the padding, which puts rows g and g + 1 of a tile 64 bytes apart in the
+// banks) in tiles of 16; the work items are (tile, slice of K), slices as
+// kernels/gemv_mma.cuh fixes them. Warp w takes items w, w + NW, ...; an
+// item's loads of up to 8 chunks go out before its first MMA. Each item's
+// D goes to part[item][16][MT], and each output then adds its S slices in
+// order from 0, as linear_gemv_mma_kernel does: the same bits.
+template <int MT, int NW>
+__device__ __forceinline__ void gemv_mma(const wbuf &b, int K, int pitch, const uint4 *xs, bf16 *out, int N,
+                                         float *part) {
+    constexpr int BATCH = 8;
+    int S, per;
+    gemv_mma_split(K, &S, &per);
+    const int C = (K + 31) / 32, kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int g = lane / 4, t = lane % 4, items = (b.rows + GEMV_MMA_ROWS - 1) / GEMV_MMA_ROWS * S;
+    for (int it = warp; it < items; it += NW) {
+        const int tile = it / S, q = it % S;
+        const int r_lo = tile * GEMV_MMA_ROWS + g, r_hi = r_lo + 8;
+        const uint4 *w_lo = b.mem + (long long)r_lo * pitch + t, *w_hi = b.mem + (long long)r_hi * pitch + t;
+        const uint4 *x = xs + g * kc + t;
+        const int c0 = q * per, c1 = min(C, c0 + per);
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int cb = c0; cb < c1; cb += BATCH) {
+            uint4 lo[BATCH], hi[BATCH], xv[BATCH];
+#pragma unroll
+            for (int u = 0; u < BATCH; u++) {
+                const int c = cb + u;
+                const bool ok = c < c1 && c * 32 + 8 * t < K;
+                lo[u] = ok && r_lo < b.rows ? w_lo[c * 4] : make_uint4(0, 0, 0, 0);
+                hi[u] = ok && r_hi < b.rows ? w_hi[c * 4] : make_uint4(0, 0, 0, 0);
+                xv[u] = ok && g < MT ? x[c * 4] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < BATCH; u++)
+                if (cb + u < c1) gemv_mma_chunk(d, lo[u], hi[u], xv[u]);
+        }
+        // D: lane (g, t) holds rows g, g + 8 of tokens 2t, 2t + 1.
+        float *pi = part + (long long)it * GEMV_MMA_ROWS * MT;
+        if (2 * t < MT) pi[g * MT + 2 * t] = d[0], pi[(g + 8) * MT + 2 * t] = d[2];
+        if (2 * t + 1 < MT) pi[g * MT + 2 * t + 1] = d[1], pi[(g + 8) * MT + 2 * t + 1] = d[3];
+    }
+    csync<NW>::sync();
+    for (int o = threadIdx.x; o < b.rows * MT; o += cfg<NW>::CONSUMERS) {
+        const int r = o % b.rows, m = o / b.rows, tile = r / GEMV_MMA_ROWS, rr = r % GEMV_MMA_ROWS;
+        const float *pt = part + ((long long)tile * S * GEMV_MMA_ROWS + rr) * MT + m;
+        float v = 0.0f;
+        for (int k = 0; k < S; k++) v += pt[(long long)k * GEMV_MMA_ROWS * MT];
+        out[(long long)m * N + b.row0 + r] = __float2bfloat16(v);
+    }
+}
+
+// The kernel's GEMV: version GV (2 or 3) of the block's rows in b.
+template <int GV, int MT, int NW>
+__device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned pad, const uint4 *xs, bf16 *out,
+                                         int N, float *part) {
+    if constexpr (GV == 3)
+        gemv_mma<MT, NW>(b, K, (int)((2u * (unsigned)K + pad) / 16u), xs, out, N, part);
+    else
+        gemv<MT, NW>(b, K, ks, xs, out, N, part);
 }
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
@@ -658,23 +730,38 @@ __device__ __forceinline__ void stage(uint4 *xs, const bf16_t *src, int n16) {
 }
 
 // xs[m][c] = SiluAndMul of gate_up's row m, chunk c (gemv_x_silu_mul's values).
+// A thread issues the loads of up to PER of its vectors before any math:
+// one trip to L2 for Qwen3-0.6B's row (384 vectors, 256 threads), where a
+// load per vector, each after the last one's store, took two.
 template <int NW>
 __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int M, int I) {
-    const int kc = I / 8;
+    constexpr int PER = 4, STEP = cfg<NW>::CONSUMERS;
+    const int kc = I / 8, n = M * kc;
     const uint4 *gu = reinterpret_cast<const uint4 *>(gate_up);
-    for (int i = threadIdx.x; i < M * kc; i += cfg<NW>::CONSUMERS) {
-        const int m = i / kc, c = i % kc;
-        float g[8], u[8];
-        unpack8(__ldcg(gu + (long long)m * 2 * kc + c), g);
-        unpack8(__ldcg(gu + (long long)m * 2 * kc + kc + c), u);
-        uint32_t w[4];
+    for (int i0 = threadIdx.x; i0 < n; i0 += STEP * PER) {
+        uint4 gv[PER], uv[PER];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
-                                                             silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
-            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
+        for (int j = 0; j < PER; j++) {
+            const int i = i0 + j * STEP, m = i / kc, c = i % kc;
+            gv[j] = i < n ? __ldcg(gu + (long long)m * 2 * kc + c) : make_uint4(0, 0, 0, 0);
+            uv[j] = i < n ? __ldcg(gu + (long long)m * 2 * kc + kc + c) : make_uint4(0, 0, 0, 0);
         }
-        xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const int i = i0 + j * STEP;
+            if (i >= n) break;
+            float g[8], u[8];
+            unpack8(gv[j], g);
+            unpack8(uv[j], u);
+            uint32_t w[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * e], u[2 * e]),
+                                                                 silu_mul_dev(g[2 * e + 1], u[2 * e + 1]));
+                w[e] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
+            }
+            xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
     }
 }
 
@@ -706,7 +793,7 @@ __device__ __forceinline__ void mark(unsigned long long *tl, int L, int l, int j
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_MARK(L, l, j, k)] = globaltimer();
 }
 
-template <int MT, int D, int G, int NW>
+template <int MT, int D, int G, int NW, int GV>
 __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const __grid_constant__ params p) {
     constexpr int CONSUMERS = cfg<NW>::CONSUMERS;
     using sync_c = csync<NW>;
@@ -753,7 +840,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 0, 0);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
-        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
+        gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
@@ -779,7 +866,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 1, 0);
         wait(B, H);
         mark(tl, L, l, 1, 1);
-        gemv<MT, NW>(B, p.qn, p.ks_qn, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv_any<GV, MT, NW>(B, p.qn, p.ks_qn, p.pad, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
@@ -792,7 +879,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 2, 0);
         wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
-        gemv<MT, NW>(A, H, p.ks_h, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
@@ -803,7 +890,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 3, 0);
         wait(B, H);
         mark(tl, L, l, 3, 1);
-        gemv<MT, NW>(B, I, p.ks_i, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv_any<GV, MT, NW>(B, I, p.ks_i, p.pad, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
@@ -816,21 +903,25 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
 
 typedef void (*kernel_fn)(const params);
 
-template <int D, int G, int NW>
+template <int D, int G, int NW, int GV = 3>
 static kernel_fn pick_mt(int M) {
     switch (M) {
-    case 1: return decode_megakernel<1, D, G, NW>;
-    case 2: return decode_megakernel<2, D, G, NW>;
-    case 4: return decode_megakernel<4, D, G, NW>;
-    case 8: return decode_megakernel<8, D, G, NW>;
+    case 1: return decode_megakernel<1, D, G, NW, GV>;
+    case 2: return decode_megakernel<2, D, G, NW, GV>;
+    case 4: return decode_megakernel<4, D, G, NW, GV>;
+    case 8: return decode_megakernel<8, D, G, NW, GV>;
     default: return NULL;
     }
 }
 
-// The kernel for M rows, head_dim D, GQA group G and NW consumer warps:
-// every shape at DEFAULT_NW, and the EXTRA_NW only at Qwen3-0.6B's D 128, G 2.
+// The kernel for M rows, head_dim D, GQA group G, NW consumer warps and
+// GEMV version GV: every shape at DEFAULT_NW with version 3, the EXTRA_NW
+// and version 2 (MV_LINEAR_GEMV=2, for comparisons) only at Qwen3-0.6B's
+// D 128, G 2.
 constexpr int EXTRA_NW[] = {4, 16};
-static kernel_fn pick(int M, int D, int G, int NW) {
+static kernel_fn pick(int M, int D, int G, int NW, int GV) {
+    if (GV == 2) return NW == DEFAULT_NW && D == 128 && G == 2 ? pick_mt<128, 2, DEFAULT_NW, 2>(M) : NULL;
+    if (GV != 3) return NULL;
     if (NW != DEFAULT_NW) {
         if (D != 128 || G != 2) return NULL;
         return NW == EXTRA_NW[0] ? pick_mt<128, 2, EXTRA_NW[0]>(M) : NW == EXTRA_NW[1] ? pick_mt<128, 2, EXTRA_NW[1]>(M)
@@ -859,10 +950,16 @@ static int attention_g(int group) { return group % 8 == 0 ? 8 : group % 4 == 0 ?
 
 static unsigned round128(size_t n) { return (unsigned)((n + 127) / 128 * 128); }
 
-// Bytes of a block's share of a projection of N rows by K at most.
-static size_t share_bytes(int N, int K, int blocks) {
-    const long long pairs = N / 2, most = (pairs + blocks - 1) / blocks;
-    return (size_t)(2 * most) * (size_t)K * 2;
+// Rows of a block's share of a projection of N rows, at most.
+static long long share_rows(int N, int blocks) {
+    const long long pairs = N / 2;
+    return 2 * ((pairs + blocks - 1) / blocks);
+}
+
+// Bytes of a block's share of a projection of N rows by K at most, each
+// row followed by pad bytes.
+static size_t share_bytes(int N, int K, int blocks, unsigned pad = 0) {
+    return (size_t)share_rows(N, blocks) * ((size_t)K * 2 + pad);
 }
 
 typedef struct {
@@ -916,10 +1013,13 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const size_t ws = attention_decode_workspace_bytes(M, nq, D, p.num_splits);
     if (ws > 0 && (!a->attn_ws || a->attn_ws_bytes < ws)) NOPE("%d attention pieces need %zu bytes of workspace", p.num_splits, ws);
     const int blocks = sms;
-    const size_t bytes_a = share_bytes(p.qkv_n, H, blocks) > share_bytes(2 * I, H, blocks)
-                               ? share_bytes(p.qkv_n, H, blocks) : share_bytes(2 * I, H, blocks);
-    const size_t bytes_b = share_bytes(H, p.qn, blocks) > share_bytes(H, I, blocks) ? share_bytes(H, p.qn, blocks)
-                                                                                      : share_bytes(H, I, blocks);
+    // The GEMV: linear_cuda's (version 3, or 2 under MV_LINEAR_GEMV=2), for the same bits.
+    const int gv = linear_gemv_version();
+    p.pad = gv == LINEAR_GEMV_MMA ? 64u : 0u;
+    const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
+                               ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
+    const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)
+                               ? share_bytes(H, p.qn, blocks, p.pad) : share_bytes(H, I, blocks, p.pad);
     int widest = H > p.qn ? H : p.qn;
     if (I > widest) widest = I;
     // The consumer warps (MV_MEGAKERNEL_WARPS, for experiments: mk::pick says which it has).
@@ -930,17 +1030,25 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     size_t bytes_x = (size_t)M * widest * 2;
     const size_t bytes_att = (size_t)mk::piece_floats(D, G) * 4 * (size_t)(nw / 4);  // a buffer per team
     if (bytes_att > bytes_x) bytes_x = bytes_att;
-    // The GEMV's slice sums: (row pairs of a block's share) x (K slices) x 2 x M floats at most.
-    const long long most_pairs[4] = {(p.qkv_n / 2 + blocks - 1) / blocks, (H / 2 + blocks - 1) / blocks,
-                                     (I + blocks - 1) / blocks, (H / 2 + blocks - 1) / blocks};
+    // The GEMV's slice sums, at most: version 2, (row pairs of a block's
+    // share) x (K slices) x 2 x M floats; version 3, (tiles of 16 rows) x
+    // (K slices) x 16 x M.
+    const int Ns[4] = {p.qkv_n, H, 2 * I, H}, Ks[4] = {H, p.qn, H, I};
     const int slices[4] = {p.ks_h, p.ks_qn, p.ks_h, p.ks_i};
-    long long items = 0;
-    for (int j = 0; j < 4; j++)
-        if (most_pairs[j] * slices[j] > items) items = most_pairs[j] * slices[j];
+    size_t part_floats = 0;
+    for (int j = 0; j < 4; j++) {
+        const long long rows = share_rows(Ns[j], blocks);
+        int S = slices[j], per = 0;
+        if (gv == LINEAR_GEMV_MMA) gemv_mma_split(Ks[j], &S, &per);
+        const size_t f = gv == LINEAR_GEMV_MMA
+                             ? (size_t)((rows + GEMV_MMA_ROWS - 1) / GEMV_MMA_ROWS) * S * GEMV_MMA_ROWS * M
+                             : (size_t)(rows / 2) * S * 2 * M;
+        if (f > part_floats) part_floats = f;
+    }
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
     p.off_part = p.off_x + round128(bytes_x);
-    p.off_bar = p.off_part + round128((size_t)items * 2 * M * sizeof(float));
+    p.off_bar = p.off_part + round128(part_floats * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
@@ -953,8 +1061,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,
              optin);
-    pl->fn = mk::pick(M, D, G, nw);
-    if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d with %d consumer warps", M, D, G, nw);
+    pl->fn = mk::pick(M, D, G, nw, gv);
+    if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d with %d consumer warps and GEMV version %d", M, D, G, nw, gv);
     pl->blocks = blocks;
     return 1;
 #undef NOPE
@@ -973,9 +1081,14 @@ extern "C" int decode_megakernel_applies(const megakernel_args_t *a, const megak
     const struct { const bf16_t *x, *w; int N, K; const char *name; } proj[] = {
         {a->hidden_out, layer0->qkv, qkv_n, H, "qkv_proj"}, {a->attn, layer0->o_proj, H, qn, "o_proj"},
         {a->hidden_out, layer0->gate_up, 2 * I, H, "gate_up_proj"}, {a->gate_up, layer0->down, H, I, "down_proj"}};
-    for (size_t k = 0; k < sizeof proj / sizeof *proj; k++)
-        if (linear_auto_version(proj[k].x, proj[k].w, M, proj[k].N, proj[k].K) != LINEAR_GEMV)
-            return (snprintf(why, why_len, "%s at M = %d runs on cuBLAS, not the GEMV", proj[k].name, M), 0);
+    const int gv = linear_gemv_version();
+    for (size_t k = 0; k < sizeof proj / sizeof *proj; k++) {
+        const int v = linear_auto_version(proj[k].x, proj[k].w, M, proj[k].N, proj[k].K);
+        if (v != gv)
+            return (snprintf(why, why_len, "%s at M = %d runs on %s, not the megakernel's GEMV (%s)", proj[k].name, M,
+                             v == LINEAR_CUBLAS ? "cuBLAS" : linear_version_name(v), linear_version_name(gv)),
+                    0);
+    }
     // RMSNorm version 3 and RoPE version 6 take 8-wide vectors only when aligned.
     const void *aligned[] = {a->residual, a->residual2, a->hidden_out, a->x, a->qkv, a->attn, a->gate_up,
                              layer0->input_norm, layer0->post_norm, layer0->q_norm, layer0->k_norm, a->final_norm,

@@ -1,7 +1,7 @@
 /*
  * kernels/linear.cu - linear layers: cuBLAS GEMM (version 1), a small-M GEMV
- * of our own (version 2), the dispatch between them, and the bias add (see
- * linear.h).
+ * of our own (version 2), the same GEMV on the tensor cores (version 3), the
+ * dispatch between them, and the bias add (see linear.h).
  *
  * Napkin math, Qwen3-0.6B gate_up (N = 6144, K = 1024): the weight is
  * 12.6 MB. At M = 1 (one decode token) the layer does 12.6 MFLOP and must
@@ -38,9 +38,13 @@
 #include "kernels/linear.h"
 #include "kernels/versions.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "common/check.h"
 #include "kernels/activation.cuh"
 #include "kernels/common.cuh"
+#include "kernels/gemv_mma.cuh"
 #include "reference/linear.h"
 
 typedef __nv_bfloat16 bf16;
@@ -383,8 +387,8 @@ static int linear_gemv(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, cons
     return launch_gemv(GEMV_KERNELS[M - 1], d_out, d_x, d_W, d_bias, N, K, stream);
 }
 
-extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
-                                    cudaStream_t stream) {
+static int linear_silu_mul_v2(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
+                              cudaStream_t stream) {
     if (linear_validate(M, N, K)) return -1;
     if (M == 0) return 0;
     if (!d_out || !d_gate_up || !d_W) return mv_error("linear_silu_mul_cuda: null pointer");
@@ -399,6 +403,173 @@ extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, cons
     return launch_gemv(GEMV_SILU_KERNELS[M - 1], d_out, d_gate_up, d_W, NULL, N, K, stream);
 }
 
+static int launch_gemv_mma(int silu, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias,
+                           int M, int N, int K, cudaStream_t stream);  // version 3, below
+
+extern "C" int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W,
+                                            int M, int N, int K, cudaStream_t stream) {
+    if (version != LINEAR_GEMV && version != LINEAR_GEMV_MMA)
+        return mv_error("linear_silu_mul_cuda_version: version %d (it takes %d, the GEMV, or %d, the tensor-core GEMV)",
+                        version, LINEAR_GEMV, LINEAR_GEMV_MMA);
+    if (version == LINEAR_GEMV) return linear_silu_mul_v2(d_out, d_gate_up, d_W, M, N, K, stream);
+    if (linear_validate(M, N, K)) return -1;
+    if (M == 0) return 0;
+    if (!d_out || !d_gate_up || !d_W) return mv_error("linear_silu_mul_cuda_version: null pointer");
+    if (M > GEMV_MMA_MAX_M)
+        return mv_error("linear_silu_mul_cuda_version: M = %d tokens is more than the tensor-core GEMV takes (%d)", M,
+                        GEMV_MMA_MAX_M);
+    if (K % 8)
+        return mv_error("linear_silu_mul_cuda_version: K = %d is not a multiple of 8 (whole 16-byte vectors of gate "
+                        "and up)", K);
+    if (!mv_aligned(d_W, 16) || !mv_aligned(d_gate_up, 16))
+        return mv_error("linear_silu_mul_cuda_version: W (%p) and gate_up (%p) must be 16-byte aligned",
+                        (const void *)d_W, (const void *)d_gate_up);
+    return launch_gemv_mma(1, d_out, d_gate_up, d_W, NULL, M, N, K, stream);
+}
+
+// ---- version 3: the tensor-core GEMV -----------------------------------------------------
+//
+// The sums of kernels/gemv_mma.cuh: W's rows in tiles of 16, each the A
+// operand of mma.sync.m16n8k16, the M <= 8 tokens the B operand. A block
+// owns one tile and has one warp per slice of K (S warps, 4 for K = 1,024,
+// 12 for K = 3,072); a warp issues the loads of up to 8 chunks of its
+// slice (for rows g and g + 8 of the tile: 16 loads of 16 bytes a lane,
+// 8 KB a warp) before its first MMA, then the MMAs as they arrive. The
+// warps' D tiles meet in shared memory, and thread (row, token) adds its
+// S slices in order, adds the bias and rounds once.
+//
+// Why it is faster than version 2 where the GEMV is not waiting for HBM
+// (the decode megakernel reads W from shared memory): per 16 bytes of a
+// row version 2 issues ~15 instructions a lane at M = 1 (a load, unpacking
+// W and x to fp32, 8 FMAs per row, a share of the shuffle tree), version 3
+// one load and one MMA per 16 bytes of two rows, with no unpacking and no
+// shuffles, at any M up to 8. From HBM both are bound by the bytes.
+
+// x's 16 bytes for the B operand: token m's values k0 .. k0 + 7 as bf16.
+struct gemv_mma_x_plain {
+    static __device__ __forceinline__ uint4 load(const bf16 *x, int m, int K, int k0) {
+        return __ldg(reinterpret_cast<const uint4 *>(x + (long long)m * K + k0));
+    }
+};
+// SiluAndMul(gate_up) rounded to bf16 as gemv_x_silu_mul rounds it.
+struct gemv_mma_x_silu_mul {
+    static __device__ __forceinline__ uint4 load(const bf16 *gate_up, int m, int K, int k0) {
+        const bf16 *row = gate_up + (long long)m * 2 * K;
+        float g[8], u[8];
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(row + k0)), g);
+        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(row + K + k0)), u);
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
+                                                             silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
+            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+
+#define GEMV_MMA_BATCH 8  // chunks a warp loads before it computes
+
+template <typename X>
+__global__ void __launch_bounds__(32 * GEMV_MMA_MAX_SLICES)
+linear_gemv_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
+                       const bf16 *__restrict__ bias, int M, int N, int K, int S, int per) {
+    __shared__ float part[GEMV_MMA_MAX_SLICES][GEMV_MMA_ROWS][GEMV_MMA_MAX_M];
+    const int lane = threadIdx.x % 32, q = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const long long row0 = (long long)blockIdx.x * GEMV_MMA_ROWS;
+    const long long r_lo = row0 + g, r_hi = row0 + g + 8;
+    const uint4 *w_lo = reinterpret_cast<const uint4 *>(W + (r_lo < N ? r_lo : 0) * K);
+    const uint4 *w_hi = reinterpret_cast<const uint4 *>(W + (r_hi < N ? r_hi : 0) * K);
+    const int C = (K + 31) / 32, c0 = q * per, c1 = min(C, c0 + per);
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    pdl_launch_dependents();
+    bool waited = false;
+    for (int cb = c0; cb < c1; cb += GEMV_MMA_BATCH) {
+        uint4 lo[GEMV_MMA_BATCH], hi[GEMV_MMA_BATCH], xv[GEMV_MMA_BATCH];
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_BATCH; u++) {
+            const int c = cb + u, k0 = c * 32 + 8 * t;
+            const bool ok = c < c1 && k0 < K;
+            lo[u] = ok && r_lo < N ? load_weight_stream(w_lo + k0 / 8) : make_uint4(0, 0, 0, 0);
+            hi[u] = ok && r_hi < N ? load_weight_stream(w_hi + k0 / 8) : make_uint4(0, 0, 0, 0);
+        }
+        // The first batch of W is in flight before the wait: x comes from the kernel ahead (PDL).
+        if (!waited) pdl_wait(), waited = true;
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_BATCH; u++) {
+            const int c = cb + u, k0 = c * 32 + 8 * t;
+            xv[u] = c < c1 && k0 < K && g < M ? X::load(x, g, K, k0) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_MMA_BATCH; u++)
+            if (cb + u < c1) gemv_mma_chunk(d, lo[u], hi[u], xv[u]);
+    }
+    if (!waited) pdl_wait();
+    // D: lane (g, t) holds rows g, g + 8 of tokens 2t, 2t + 1.
+    part[q][g][2 * t] = d[0];
+    part[q][g][2 * t + 1] = d[1];
+    part[q][g + 8][2 * t] = d[2];
+    part[q][g + 8][2 * t + 1] = d[3];
+    __syncthreads();
+    const int o = threadIdx.x;
+    if (o < GEMV_MMA_ROWS * M) {
+        const int r = o % GEMV_MMA_ROWS, m = o / GEMV_MMA_ROWS;
+        const long long n = row0 + r;
+        if (n < N) {
+            float s = 0.0f;
+            for (int k = 0; k < S; k++) s += part[k][r][m];
+            if (bias) s += __bfloat162float(bias[n]);
+            out[(long long)m * N + n] = __float2bfloat16(s);
+        }
+    }
+}
+
+extern "C" int linear_gemv_version(void) {
+    static int v = 0;
+    if (!v) {
+        const char *e = getenv("MV_LINEAR_GEMV");
+        v = e && !strcmp(e, "2") ? LINEAR_GEMV : LINEAR_GEMV_MMA;
+    }
+    return v;
+}
+
+extern "C" int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K) {
+    return M >= 1 && M <= GEMV_MMA_MAX_M && linear_gemv_applies(d_x, d_W, M, K);
+}
+
+static int launch_gemv_mma(int silu, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias,
+                           int M, int N, int K, cudaStream_t stream) {
+    int S, per;
+    gemv_mma_split(K, &S, &per);
+    const dim3 grid((unsigned)((N + GEMV_MMA_ROWS - 1) / GEMV_MMA_ROWS)), block((unsigned)(32 * S));
+    if (CUDA_TRY(silu ? mv_launch(linear_gemv_mma_kernel<gemv_mma_x_silu_mul>, grid, block, 0, stream, (bf16 *)d_out,
+                                  (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)NULL, M, N, K, S, per)
+                      : mv_launch(linear_gemv_mma_kernel<gemv_mma_x_plain>, grid, block, 0, stream, (bf16 *)d_out,
+                                  (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, M, N, K, S, per)))
+        return -1;
+    return CUDA_TRY(cudaGetLastError());
+}
+
+static int linear_gemv_mma(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias, int M, int N,
+                           int K, cudaStream_t stream) {
+    if (!d_out || !d_x || !d_W) return mv_error("linear_gemv_mma: null pointer");
+    if (M > GEMV_MMA_MAX_M)
+        return mv_error("linear_gemv_mma: M = %d tokens is more than the tensor-core GEMV takes (%d: the MMA's 8 "
+                        "columns); version 2 takes up to %d, version 1 (cuBLAS) any M",
+                        M, GEMV_MMA_MAX_M, LINEAR_GEMV_MAX_M);
+    if (K % 8)
+        return mv_error("linear_gemv_mma: K = %d is not a multiple of 8: each row of W and x must be whole 16-byte "
+                        "vectors (8 bf16)", K);
+    if (!mv_aligned(d_W, 16))
+        return mv_error("linear_gemv_mma: W (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_W,
+                        gemv_misalignment(d_W));
+    if (!mv_aligned(d_x, 16))
+        return mv_error("linear_gemv_mma: x (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_x,
+                        gemv_misalignment(d_x));
+    return launch_gemv_mma(0, d_out, d_x, d_W, d_bias, M, N, K, stream);
+}
+
 // ---- the dispatch ------------------------------------------------------------------------
 
 extern "C" const char *linear_version_name(int version) {
@@ -408,7 +579,17 @@ extern "C" const char *linear_version_name(int version) {
 
 extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
-    return M <= max_m && linear_gemv_applies(d_x, d_W, M, K) ? LINEAR_GEMV : LINEAR_CUBLAS;
+    if (M > max_m || !linear_gemv_applies(d_x, d_W, M, K)) return LINEAR_CUBLAS;
+    return linear_gemv_version() == LINEAR_GEMV_MMA && linear_gemv_mma_applies(d_x, d_W, M, K) ? LINEAR_GEMV_MMA
+                                                                                             : LINEAR_GEMV;
+}
+
+// The down projection with SiluAndMul folded in, by the GEMV linear_cuda
+// would run on the activations (version 2 where it would run cuBLAS).
+extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
+                                    cudaStream_t stream) {
+    const int v = linear_auto_version(d_gate_up, d_W, M, N, K) == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA : LINEAR_GEMV;
+    return linear_silu_mul_cuda_version(v, d_out, d_gate_up, d_W, M, N, K, stream);
 }
 
 extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x,
@@ -424,6 +605,7 @@ extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d
         version = linear_auto_version(d_x, d_W, M, N, K);
     }
     if (version == LINEAR_GEMV) return linear_gemv(d_out, d_x, d_W, d_bias, M, N, K, stream);
+    if (version == LINEAR_GEMV_MMA) return linear_gemv_mma(d_out, d_x, d_W, d_bias, M, N, K, stream);
     return linear_cublas(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);
 }
 

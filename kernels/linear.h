@@ -18,9 +18,16 @@
  *      tokens' sums in registers. Needs K % 8 == 0 and 16-byte aligned x
  *      and W (every row then starts on 16 bytes); any other shape is refused
  *      with an error naming the value.
- *   LINEAR_AUTO (0): version 2 where it measured faster (M <= 2, or M <= 8
- *      with N <= 2048: linear_auto_version) and the shape and pointers
- *      allow it, version 1 otherwise.
+ *   3  the same GEMV on the tensor cores, for M <= 8: each 16 rows of W the
+ *      A operand of mma.sync.m16n8k16, the tokens its B operand (its 8
+ *      columns), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
+ *      decode megakernel repeats from shared memory. The same refusals as
+ *      version 2, and M > 8.
+ *   LINEAR_AUTO (0): the GEMV where it measured faster than cuBLAS (M <= 2,
+ *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
+ *      pointers allow it, version 1 otherwise. Which GEMV: version 3
+ *      (linear_gemv_version; MV_LINEAR_GEMV=2 picks version 2, for
+ *      comparisons).
  *
  * W is stored as Hugging Face stores it, [out_features, in_features]
  * row-major. cuBLAS is column-major, so the row-major product
@@ -45,11 +52,14 @@ extern "C" {
 #define LINEAR_AUTO 0    // linear_cuda's own choice
 #define LINEAR_CUBLAS 1  // version 1
 #define LINEAR_GEMV 2    // version 2
-#define LINEAR_NUM_VERSIONS 2
+#define LINEAR_GEMV_MMA 3  // version 3
+#define LINEAR_NUM_VERSIONS 3
 
 // The most tokens the GEMV takes: its per-token sums live in registers, one
 // set per M (a template instantiation each, M = 1..16).
 #define LINEAR_GEMV_MAX_M 16
+// Version 3's most: the MMA's 8 columns (kernels/gemv_mma.cuh).
+#define LINEAR_GEMV_MMA_MAX_M 8
 // Where linear_cuda picks the GEMV, from chapter 03's small-M table (one
 // H200, Qwen3-0.6B's projections, 16 launches in a CUDA graph): it is faster
 // than cuBLAS at M <= 2 on every shape (1.05x to 2.9x), and up to M = 8 only
@@ -59,7 +69,7 @@ extern "C" {
 #define LINEAR_GEMV_AUTO_MAX_M_NARROW 8  // N <= LINEAR_GEMV_NARROW_N
 #define LINEAR_GEMV_NARROW_N 2048
 
-// "auto", "v1-cublas", "v2-gemv"; NULL for an unknown version.
+// "auto", "v1-cublas", "v2-gemv", "v3-gemv-mma"; NULL for an unknown version.
 const char *linear_version_name(int version);
 
 int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
@@ -76,17 +86,32 @@ int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const
 // no error.
 int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 
-// The version linear_cuda runs for these arguments: LINEAR_GEMV or LINEAR_CUBLAS.
+// 1 when version 3 takes this shape and these pointers: the GEMV's
+// conditions and M <= 8.
+int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
+
+// The GEMV linear_cuda picks where it picks one: LINEAR_GEMV_MMA, or
+// LINEAR_GEMV when the environment says MV_LINEAR_GEMV=2 (read once; the
+// engine refuses any other value than 2 or 3 at start-up).
+int linear_gemv_version(void);
+
+// The version linear_cuda runs for these arguments: LINEAR_GEMV_MMA,
+// LINEAR_GEMV or LINEAR_CUBLAS.
 int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
 
 // The MLP's down projection with SiluAndMul folded into the GEMV's input:
 // out [M, N] = SiluAndMul(gate_up [M, 2K]) @ W [N, K]^T, the same bits as
 // silu_and_mul_cuda(SILU_AND_MUL_FAST) into a [M, K] buffer followed by the
-// GEMV (version 2), without that buffer. M <= LINEAR_GEMV_MAX_M, K % 8 == 0,
-// gate_up and W 16-byte aligned; otherwise -1 with mv_error(). The CPU
-// reference is silu_and_mul_cpu() then linear_cpu().
+// GEMV linear_cuda would run on that buffer (version 3 or 2; version 2
+// where it would run cuBLAS), without that buffer. M <= LINEAR_GEMV_MAX_M,
+// K % 8 == 0, gate_up and W 16-byte aligned; otherwise -1 with mv_error().
+// The CPU reference is silu_and_mul_cpu() then linear_cpu().
 int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                          cudaStream_t stream);
+// The same with the GEMV's version forced: LINEAR_GEMV (M <= 16) or
+// LINEAR_GEMV_MMA (M <= 8).
+int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M,
+                                 int N, int K, cudaStream_t stream);
 
 // The GEMV's warps per row (version 2): the smallest power of two, at most
 // 8, with which one batch of 4 slabs of 32 16-byte chunks per warp covers

@@ -29,10 +29,11 @@ static const kernel_version_t RMSNORM_VERSION_TABLE[] = {
 };
 
 // kernels/linear.h: linear_cuda_version (chapter 03). LINEAR_AUTO (0,
-// "auto") is linear_cuda's choice between these two, not a version.
+// "auto") is linear_cuda's choice between these, not a version.
 static const kernel_version_t LINEAR_VERSION_TABLE[] = {
     {1, "v1-cublas"},
     {2, "v2-gemv"},
+    {3, "v3-gemv-mma"},
     {0, NULL},
 };
 

@@ -310,12 +310,16 @@ static tolerance_t tol_one_rounding(double ref_rms, int version) {
             ? "bf16 output: half an ulp, 2^-8 relative; the GEMV's fp32 accumulation order (each lane "
               "over its chunks, a 32-lane tree, then the warps that split K) differs from the CPU's by "
               "~sqrt(K) * 2^-24 * sum|x*w|, far below that"
+        : version == LINEAR_GEMV_MMA
+            ? "bf16 output: half an ulp, 2^-8 relative; the tensor cores' fp32 sums (MMA after MMA over "
+              "slices of K, the slices added in order) differ from the CPU's order by ~sqrt(K) * 2^-24 * "
+              "sum|x*w|, far below that"
             : "bf16 output: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
               "the CPU's by ~sqrt(K) * 2^-24 * sum|x*w|, far below that"};
 }
 
 // Tolerances on the GPU are built per case: their absolute part scales
-// with the output's RMS. version: the one that ran (v1 or v2).
+// with the output's RMS. version: the one that ran (v1, v2 or v3).
 static tolerance_t tol_gpu(const layer_spec_t *s, int tp, double ref_rms, int version) {
     if (s->kind == TP_ROW && tp > 1)
         return (tolerance_t){4 * BF16_HALF_ULP * ref_rms, BF16_HALF_ULP, (tp + 1) * BF16_HALF_ULP * BF16_HALF_ULP,
@@ -362,8 +366,8 @@ static void run_layer(tp_group_t *g, const layer_spec_t *s, rank_buf_t *rb, int 
 // (every row, or a sample for large M).
 // Versions: linear_cuda itself (LINEAR_AUTO, the engine's call) under the
 // case's own label; then, labelled by version, cuBLAS forced where
-// linear_cuda chose the GEMV (so cuBLAS stays checked at small M), and the
-// GEMV forced wherever it takes the shape.
+// linear_cuda chose a GEMV (so cuBLAS stays checked at small M), and each
+// GEMV (v2, v3) forced wherever it takes the shape.
 static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, const layer_weights_t *lw,
                           const bf16_t *x_bf, const float *x_f, int M, const float *ref, const int *rows, int n_rows,
                           const char *mode) {
@@ -397,19 +401,23 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
     }
     // Every rank has the same M, N, K and alignment, so rank 0 speaks for all.
     const int auto_version = linear_auto_version(rb[0].d_x, rb[0].d_w, M, rb[0].l.out_local, rb[0].l.in_local);
-    int gemv_applies = 1;
-    for (int r = 0; r < tp; r++) gemv_applies &= linear_gemv_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
+    int gemv_applies = 1, mma_applies = 1;
+    for (int r = 0; r < tp; r++) {
+        gemv_applies &= linear_gemv_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
+        mma_applies &= linear_gemv_mma_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
+    }
 
     int N = lw->full.out_features;
     double ss = 0;
     for (int i = 0; i < n_rows; i++)
         for (int n = 0; n < N; n++) ss += (double)ref[(size_t)i * N + n] * ref[(size_t)i * N + n];
     double rms = sqrt(ss / ((double)n_rows * N));
-    const int versions[3] = {LINEAR_AUTO, LINEAR_CUBLAS, LINEAR_GEMV};
-    for (int vi = 0; vi < 3; vi++) {
+    const int versions[4] = {LINEAR_AUTO, LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA};
+    for (int vi = 0; vi < 4; vi++) {
         const int v = versions[vi];
         if (v == LINEAR_CUBLAS && auto_version == LINEAR_CUBLAS) continue;  // the auto run was cuBLAS
         if (v == LINEAR_GEMV && !gemv_applies) continue;
+        if (v == LINEAR_GEMV_MMA && !mma_applies) continue;
         if (!harness_kernel_wanted(h, v == LINEAR_AUTO ? auto_version : v)) continue;  // --kernel N: what ran is N
         for (int r = 0; r < tp; r++) {
             MV_CHECK(tp_set_rank(g, r));
@@ -542,9 +550,9 @@ static int any_poison(const bf16_t *y, size_t n) {
     return 0;
 }
 
-// What the GEMV's refusal must name: the value that is wrong.
-static void expected_refusal(const small_m_case_t *c, char *buf, size_t n) {
-    if (c->M > LINEAR_GEMV_MAX_M) snprintf(buf, n, "M = %d", c->M);
+// What a GEMV's refusal (version v) must name: the value that is wrong.
+static void expected_refusal(const small_m_case_t *c, int v, char *buf, size_t n) {
+    if (c->M > (v == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M)) snprintf(buf, n, "M = %d", c->M);
     else if (c->K % 8) snprintf(buf, n, "K = %d", c->K);
     else if (c->w_off) snprintf(buf, n, "W (");
     else snprintf(buf, n, "x (");
@@ -576,16 +584,18 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     char shape[128];
     snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s%s%s: %s", M, N, K, c->bias ? " +bias" : "",
              c->x_off ? " x+1" : "", c->w_off ? " W+1" : "", c->why);
-    const int applies = linear_gemv_applies(d_x, d_w, M, K);
+    const int applies = linear_gemv_applies(d_x, d_w, M, K), applies3 = linear_gemv_mma_applies(d_x, d_w, M, K);
     const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
-    const int want_auto = M <= max_m && applies ? LINEAR_GEMV : LINEAR_CUBLAS;
+    const int want_auto = !(M <= max_m && applies)                                 ? LINEAR_CUBLAS
+                          : linear_gemv_version() == LINEAR_GEMV_MMA && applies3 ? LINEAR_GEMV_MMA
+                                                                                 : LINEAR_GEMV;
     char detail[320];
     snprintf(detail, sizeof detail, "%s: picks %s", shape, linear_version_name(auto_version));
     harness_check_bool(h, "gpu", "small-m", "linear_cuda's choice", auto_version == want_auto, detail);
 
-    const int versions[3] = {LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_AUTO};
-    for (int vi = 0; vi < 3; vi++) {
+    const int versions[4] = {LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA, LINEAR_AUTO};
+    for (int vi = 0; vi < 4; vi++) {
         const int v = versions[vi];
         const int ran = v == LINEAR_AUTO ? auto_version : v;
         if (!harness_kernel_wanted(h, ran)) continue;  // --kernel N: what runs is version N
@@ -594,12 +604,13 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
         gpu_poison(d_y, (ny + Y_GUARD) * sizeof(bf16_t));
         CUDA_CHECK(cudaDeviceSynchronize());
         int rc = linear_cuda_version(v, handle, d_y, d_x, d_w, c->bias ? d_b : NULL, M, N, K, 0);
-        if (v == LINEAR_GEMV && !applies) {
+        if ((v == LINEAR_GEMV && !applies) || (v == LINEAR_GEMV_MMA && !applies3)) {
             // Refused, with an error that names the wrong value; nothing launched.
-            char named[64];
-            expected_refusal(c, named, sizeof named);
+            char named[64], what[64];
+            expected_refusal(c, v, named, sizeof named);
             snprintf(detail, sizeof detail, "%s: %s", shape, rc ? mv_last_error() : "accepted (wrong)");
-            harness_check_bool(h, "gpu", "small-m", "v2-gemv refuses", rc != 0 && strstr(mv_last_error(), named), detail);
+            snprintf(what, sizeof what, "%s refuses", linear_version_name(v));
+            harness_check_bool(h, "gpu", "small-m", what, rc != 0 && strstr(mv_last_error(), named), detail);
             continue;
         }
         if (rc) {
@@ -623,7 +634,7 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
 // split K depend on K alone): a batch's first rows must equal, bit for bit,
 // the same tokens run as a batch of 1 and of 3, and a layer's first columns
 // the same weight rows run as a narrower layer (whose blocks hold fewer rows).
-static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rng) {
+static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rng, int version) {
     const int M = 8, N = 2049, K = 3072, N_narrow = 130;
     bf16_t *x = malloc((size_t)M * K * sizeof(bf16_t)), *w = malloc((size_t)N * K * sizeof(bf16_t));
     bf16_t *b = malloc(N * sizeof(bf16_t)), *y8 = malloc((size_t)M * N * sizeof(bf16_t));
@@ -645,10 +656,10 @@ static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rn
     gpu_poison(d_y3, 3 * (size_t)N * sizeof(bf16_t));
     gpu_poison(d_yn, (size_t)M * N_narrow * sizeof(bf16_t));
     CUDA_CHECK(cudaDeviceSynchronize());
-    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y8, d_x, d_w, d_b, M, N, K, 0));
-    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y1, d_x, d_w, d_b, 1, N, K, 0));
-    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_y3, d_x, d_w, d_b, 3, N, K, 0));
-    MV_CHECK(linear_cuda_version(LINEAR_GEMV, handle, d_yn, d_x, d_w, d_b, M, N_narrow, K, 0));
+    MV_CHECK(linear_cuda_version(version, handle, d_y8, d_x, d_w, d_b, M, N, K, 0));
+    MV_CHECK(linear_cuda_version(version, handle, d_y1, d_x, d_w, d_b, 1, N, K, 0));
+    MV_CHECK(linear_cuda_version(version, handle, d_y3, d_x, d_w, d_b, 3, N, K, 0));
+    MV_CHECK(linear_cuda_version(version, handle, d_yn, d_x, d_w, d_b, M, N_narrow, K, 0));
     CUDA_CHECK(cudaDeviceSynchronize());
     gpu_download(y8, d_y8, (size_t)M * N * sizeof(bf16_t));
     gpu_download(y1, d_y1, N * sizeof(bf16_t));
@@ -659,13 +670,15 @@ static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rn
                  !memcmp(y3, y8, 3 * (size_t)N * sizeof(bf16_t));
     int same_n = !any_poison(y8, (size_t)M * N);
     for (int m = 0; m < M; m++) same_n &= !memcmp(yn + (size_t)m * N_narrow, y8 + (size_t)m * N, N_narrow * sizeof(bf16_t));
-    char detail[200];
+    char detail[200], label[64];
     snprintf(detail, sizeof detail, "N=%d K=%d +bias: tokens 0..2 at M = 1, 3 and 8 %s", N, K,
              same_m ? "identical" : "DIFFER");
-    harness_check_bool(h, "gpu", "small-m", "v2-gemv same bits at any M", same_m, detail);
+    snprintf(label, sizeof label, "%s same bits at any M", linear_version_name(version));
+    harness_check_bool(h, "gpu", "small-m", label, same_m, detail);
     snprintf(detail, sizeof detail, "M=%d K=%d +bias: columns 0..%d at N = %d and %d %s", M, K, N_narrow - 1, N_narrow, N,
              same_n ? "identical" : "DIFFER");
-    harness_check_bool(h, "gpu", "small-m", "v2-gemv same bits at any N", same_n, detail);
+    snprintf(label, sizeof label, "%s same bits at any N", linear_version_name(version));
+    harness_check_bool(h, "gpu", "small-m", label, same_n, detail);
     gpu_free(d_x); gpu_free(d_w); gpu_free(d_b); gpu_free(d_y8); gpu_free(d_y1); gpu_free(d_y3); gpu_free(d_yn);
     free(x); free(w); free(b); free(y8); free(y1); free(y3); free(yn);
 }
@@ -693,7 +706,8 @@ static const silu_gemv_case_t SILU_GEMV_CASES[] = {
     {5, 301, 8200, "ks = 8 and a second batch"},
 };
 
-static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, const silu_gemv_case_t *c, int pdl) {
+static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, const silu_gemv_case_t *c, int pdl,
+                            int version) {
     const int M = c->M, N = c->N, K = c->K;
     const size_t ngu = (size_t)M * 2 * K, na = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
     bf16_t *gu = malloc(ngu * sizeof(bf16_t)), *w = malloc(nw * sizeof(bf16_t)), *act = malloc(na * sizeof(bf16_t));
@@ -713,13 +727,13 @@ static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, con
     gpu_poison(d_yp, ny * sizeof(bf16_t));
     CUDA_CHECK(cudaDeviceSynchronize());
     if (pdl) MV_CHECK(mv_pdl_set(1));
-    const int rc_fused = linear_silu_mul_cuda(d_yf, d_gu, d_w, M, N, K, 0);
+    const int rc_fused = linear_silu_mul_cuda_version(version, d_yf, d_gu, d_w, M, N, K, 0);
     const int rc_plain = silu_and_mul_cuda(SILU_AND_MUL_FAST, d_act, d_gu, M, K, 0) ||
-                         linear_cuda_version(LINEAR_GEMV, handle, d_yp, d_act, d_w, NULL, M, N, K, 0);
+                         linear_cuda_version(version, handle, d_yp, d_act, d_w, NULL, M, N, K, 0);
     if (pdl) MV_CHECK(mv_pdl_set(0));
     char shape[160], detail[320], label[64];
     snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s: %s", M, N, K, pdl ? " (PDL on)" : "", c->why);
-    snprintf(label, sizeof label, "v2-gemv + silu_and_mul%s", pdl ? ", PDL" : "");
+    snprintf(label, sizeof label, "%s + silu_and_mul%s", linear_version_name(version), pdl ? ", PDL" : "");
     if (rc_fused || rc_plain) {
         snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
         harness_check_bool(h, "gpu", "silu-gemv", label, 0, detail);
@@ -732,7 +746,7 @@ static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, con
         MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
         double ss = 0;
         for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
-        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), LINEAR_GEMV);
+        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), version);
         harness_check(h, "gpu", "silu-gemv", label, shape, compare_bf16(label, y_fused, ref, ny, tol, 0), tol);
         const int same = !any_poison(y_plain, ny) && !memcmp(y_fused, y_plain, ny * sizeof(bf16_t));
         snprintf(detail, sizeof detail, "%s: linear_silu_mul_cuda against silu_and_mul_cuda + the GEMV: %s", shape,
@@ -850,7 +864,7 @@ static int time_per_launch(const gemm_ctx_t *c0, size_t nw, timing_opts_t opts, 
     return rc;
 }
 
-// A whole layer (tp = 1) at M = 1..64, both versions (the GEMV up to its 16).
+// A whole layer (tp = 1) at M = 1..64, every version (v2 up to its 16, v3 up to its 8).
 // cuBLAS gets a handle of its own here, destroyed after the graphs that
 // captured it: whatever it allocated during a capture stays out of the
 // other timings.
@@ -880,8 +894,9 @@ static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
     const int Ms[] = {1, 2, 4, 8, 16, 32, 64};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
         c.M = Ms[i];
-        for (int v = LINEAR_CUBLAS; v <= LINEAR_GEMV; v++) {
+        for (int v = LINEAR_CUBLAS; v <= LINEAR_GEMV_MMA; v++) {
             if (v == LINEAR_GEMV && !linear_gemv_applies(c.d_x, c.d_w, c.M, K)) continue;
+            if (v == LINEAR_GEMV_MMA && !linear_gemv_mma_applies(c.d_x, c.d_w, c.M, K)) continue;
             if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
             c.version = v;
             char label[64], shape[64];
@@ -971,20 +986,24 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < 3; i++)
             for (int k = 0; k < 4; k += 3) check_layer(&h, &rng, &OTHER_LAYERS[i], check_M[k], &groups);
 
-        harness_section(&h, "GPU: the small-M GEMV (v2) on odd shapes, its refusals, and linear_cuda's choice");
+        harness_section(&h, "GPU: the small-M GEMVs (v2, v3) on odd shapes, their refusals, and linear_cuda's choice");
         cublasHandle_t handle;
         CUBLAS_CHECK(cublasCreate(&handle));
         for (size_t i = 0; i < sizeof SMALL_M_CASES / sizeof SMALL_M_CASES[0]; i++)
             check_small_m(&h, handle, &rng, &SMALL_M_CASES[i]);
-        // The GEMV's own properties and its fused form are version 2's.
-        if (harness_kernel_wanted(&h, LINEAR_GEMV)) {
-            check_gemv_invariance(&h, handle, &rng);
-
+        // The GEMVs' own properties and their fused forms, version by version.
+        for (int v = LINEAR_GEMV; v <= LINEAR_GEMV_MMA; v++)
+            if (harness_kernel_wanted(&h, v)) check_gemv_invariance(&h, handle, &rng, v);
+        if (harness_kernel_wanted(&h, LINEAR_GEMV) || harness_kernel_wanted(&h, LINEAR_GEMV_MMA)) {
             harness_section(&h, "GPU: the down projection with SiluAndMul folded into the GEMV, with and without "
                                 "programmatic dependent launch");
-            for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
-                for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
-                    check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl);
+            for (int v = LINEAR_GEMV; v <= LINEAR_GEMV_MMA; v++) {
+                if (!harness_kernel_wanted(&h, v)) continue;
+                for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
+                    for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
+                        if (v == LINEAR_GEMV || SILU_GEMV_CASES[i].M <= LINEAR_GEMV_MMA_MAX_M)
+                            check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl, v);
+            }
             check_silu_gemv_refusals(&h);
         }
         if (h.do_timing) {
@@ -1014,8 +1033,8 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < 6; k++) time_all_reduce(&h, &groups.group[0], time_M[k], 1024);
             }
 
-            harness_section(&h, "Small M on GPU 0: cuBLAS (v1) against the GEMV (v2), 16 launches back to back "
-                                "in a CUDA graph, time per launch");
+            harness_section(&h, "Small M on GPU 0: cuBLAS (v1) against the GEMVs (v2, v3), 16 launches back to "
+                                "back in a CUDA graph, time per launch");
             for (size_t i = 0; i < 4; i++) time_small_m(&h, &rng, &QWEN3_LAYERS[i]);
         }
         CUBLAS_CHECK(cublasDestroy(handle));

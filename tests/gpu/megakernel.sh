@@ -15,11 +15,16 @@
 #      decode steps take the megakernel
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
 #      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
+#   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
+#      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
+# BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
+# variant "base" runs its minivllm, for a before/after in one call.
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
 # SKIP_CH07=1, CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
 # Leaves under $OUT: engine_check.txt, 09-engine.<variant>.single.<round>.json,
-# megakernel.profile.<variant>.txt, sanitizer logs, run.log.
+# megakernel.profile.<variant>.txt, sanitizer logs, run.log; TAR=1: all of them in results.tgz
+# (the device tool brings back 8 files at most), run.log beside it.
 set -uo pipefail
 OUT=${OUT:-/tmp/mv-out}
 mkdir -p "$OUT"
@@ -29,9 +34,24 @@ for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
 export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export MV_COMMIT=${MV_COMMIT:-}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+pack() {
+  [ "${TAR:-0}" = 1 ] || return 0
+  tar czf /tmp/results.tgz -C "$OUT" --exclude run.log . && find "$OUT" -mindepth 1 ! -name run.log -delete &&
+    mv /tmp/results.tgz "$OUT/results.tgz"
+}
+trap pack EXIT
 T0=$(date +%s)
+base_build=
+if [ -n "${BASE:-}" ]; then
+  (cd "$BASE" && make -j8 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 build/minivllm > "$OUT/base.build.log" 2>&1) &
+  base_build=$!
+fi
 make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
 echo "built in $(( $(date +%s) - T0 )) s"
+if [ -n "$base_build" ]; then
+  wait "$base_build" || { tail -20 "$OUT/base.build.log"; echo "BASE BUILD FAILED"; }
+  echo "base ($BASE) built in $(( $(date +%s) - T0 )) s"
+fi
 status=0
 # The probe compiles (CPU) while the check runs (GPU).
 probe_build=
@@ -67,10 +87,12 @@ fi
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
-# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE).
+# RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
+# g2 the megakernel and every GEMV on linear version 2 (MV_LINEAR_GEMV=2), base BASE's minivllm.
 variant_env() {
   case "$1" in
-    mk1) echo MV_MEGAKERNEL=1 ;;
+    mk1|base) echo MV_MEGAKERNEL=1 ;;
+    g2) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=2 ;;
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
@@ -80,15 +102,17 @@ variant_env() {
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     e=$(variant_env "$v") || exit 2
-    echo "=================== one stream, $e (round $round)"
-    env $e timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
+    bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
+    echo "=================== one stream, $v: $e (round $round)"
+    env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
       --repeat 3 --json "$OUT/09-engine.$v.single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
   done
 done
 for v in ${PROFILES:-mk1}; do
   e=$(variant_env "$v") || exit 2
-  echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $e (the last step's phases)"
-  env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
+  bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
+  echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
+  env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
     --output-len 256 --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.$v.txt"
 done
 # SWEEP="CHUNK:RING[:WARPS] ...": the producer's pacing (bytes a copy : copies in flight) and
@@ -106,6 +130,25 @@ for mk in $([ "${LATENCY:-1}" = 1 ] && echo 1 0); do
   MV_MEGAKERNEL=$mk timeout 120 ./build/minivllm bench "${model[@]}" --latency --batch 1,2,8 --prompt-len 512 \
     --output-len 256 --repeat 2 --json "$OUT/09-engine.mk$mk.latency.json" 2>&1 | grep -E "batch|TPOT|TTFT|tok/s|megakernel" | head -14
 done
+
+if [ "${CH03:-0}" = 1 ]; then
+  echo "=================== chapter 03 (linear versions 1-3: checks and the small-M table)"
+  timeout "${CH03_S:-240}" ./build/03-linear-tp --json "$OUT/03-linear-tp.json" > "$OUT/03-linear-tp.txt" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "03-linear-tp rc=$rc: $(grep -c 'PASS' "$OUT/03-linear-tp.txt") PASS lines, $(grep -c 'FAIL' "$OUT/03-linear-tp.txt") FAIL lines"
+  grep -E 'FAIL' "$OUT/03-linear-tp.txt" | head -10
+  grep -E 'small-m .*(qkv_proj|o_proj|gate_up_proj|down_proj) v[123]' "$OUT/03-linear-tp.txt" | grep -E 'M=(1|2|8) ' | head -40
+fi
+
+if [ "${MK_SANITIZE:-0}" = 1 ] && [ "${CH03:-0}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    echo "=================== compute-sanitizer --tool $tool, 03-linear-tp --checks-only --kernel 3"
+    CUDA_VISIBLE_DEVICES=0 timeout "${SAN_S:-200}" compute-sanitizer --tool $tool --error-exitcode 9 \
+      ./build/03-linear-tp --checks-only --kernel 3 --summary > "$OUT/sanitizer.ch03.$tool.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "ch03 v3 $tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.ch03.$tool.log" | tail -1)"
+  done
+fi
 
 if [ "${MK_SANITIZE:-0}" = 1 ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

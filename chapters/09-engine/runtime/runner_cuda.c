@@ -561,7 +561,7 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1): any other value is refused at
+// 1), MV_LINEAR_GEMV (2 or 3): any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
@@ -582,6 +582,10 @@ static int check_switches(void) {
     if (att && strcmp(att, "3") && strcmp(att, "4"))
         return mv_error("MV_DECODE_ATTENTION=%s: it takes 3 or 4 (the decode attention version; default %d)", att,
                         ATTN_DECODE_FAST);
+    const char *gemv = getenv("MV_LINEAR_GEMV");
+    if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3"))
+        return mv_error("MV_LINEAR_GEMV=%s: it takes 2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the "
+                        "default)", gemv);
     return 0;
 }
 
@@ -919,7 +923,7 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
-    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) == LINEAR_GEMV) {
+    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
         if (linear_silu_mul_cuda(s->d_x, s->d_gate_up, cl->d_down, T, H, I, st)) return -1;
     } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
                linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st)) {
