@@ -376,10 +376,16 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 // item's loads of up to 8 chunks go out before its first MMA. Each item's
 // D goes to part[item][16][MT], and each output then adds its S slices in
 // order from 0, as linear_gemv_mma_kernel does: the same bits.
+// Not inlined: the kernel runs it four times a layer, and one copy of its
+// code (where four would be) keeps more of the layer's code in the SM's
+// instruction cache. The asserts keep its shared-memory accesses LDS/STS.
 template <int MT, int NW>
-__device__ __forceinline__ void gemv_mma(const wbuf &b, int K, int pitch, const uint4 *xs, bf16 *out, int N,
-                                         float *part) {
+__device__ __noinline__ void gemv_mma(const wbuf b, int K, int pitch, const uint4 *xs, bf16 *out, int N,
+                                      float *part) {
     constexpr int BATCH = 8;
+    __builtin_assume(__isShared(b.mem));
+    __builtin_assume(__isShared(xs));
+    __builtin_assume(__isShared(part));
     int S, per;
     gemv_mma_split(K, &S, &per);
     const int C = (K + 31) / 32, kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -1051,8 +1057,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_bar = p.off_part + round128(part_floats * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
+    // Padded rows (GEMV version 3) go a row at a time (2 to 6 KB for
+    // Qwen3-0.6B): 2 KB copies, 8 in flight, the 16 KB of 4 KB x 4.
     const char *chunk = getenv("MV_MEGAKERNEL_CHUNK"), *ring = getenv("MV_MEGAKERNEL_RING");
-    const long c = chunk ? atol(chunk) : 4096, r = ring ? atol(ring) : 4;
+    const long c = chunk ? atol(chunk) : p.pad ? 2048 : 4096, r = ring ? atol(ring) : p.pad ? 8 : 4;
     // (An mbarrier's transaction count holds less than 1 MiB.)
     if (c < 16 || c >= (1L << 20) || c % 16) NOPE("MV_MEGAKERNEL_CHUNK=%s (a multiple of 16 below 1 MiB)", chunk);
     if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);

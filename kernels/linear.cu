@@ -445,10 +445,24 @@ extern "C" int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf
 // one load and one MMA per 16 bytes of two rows, with no unpacking and no
 // shuffles, at any M up to 8. From HBM both are bound by the bytes.
 
+// 16 bytes of an activation that the kernel ahead wrote: a volatile asm,
+// so that the compiler keeps it after pdl_wait() (also a volatile asm). An
+// __ldg may be hoisted above the wait, since the compiler takes what it
+// reads to be constant for the whole kernel; the first version of this
+// kernel did so, and under PDL read x before it was written (chapter 03's
+// fused = unfused check with PDL caught it).
+__device__ __forceinline__ uint4 load_activation(const bf16 *p) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 // x's 16 bytes for the B operand: token m's values k0 .. k0 + 7 as bf16.
 struct gemv_mma_x_plain {
     static __device__ __forceinline__ uint4 load(const bf16 *x, int m, int K, int k0) {
-        return __ldg(reinterpret_cast<const uint4 *>(x + (long long)m * K + k0));
+        return load_activation(x + (long long)m * K + k0);
     }
 };
 // SiluAndMul(gate_up) rounded to bf16 as gemv_x_silu_mul rounds it.
@@ -456,8 +470,8 @@ struct gemv_mma_x_silu_mul {
     static __device__ __forceinline__ uint4 load(const bf16 *gate_up, int m, int K, int k0) {
         const bf16 *row = gate_up + (long long)m * 2 * K;
         float g[8], u[8];
-        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(row + k0)), g);
-        bf16x8_to_float(__ldg(reinterpret_cast<const uint4 *>(row + K + k0)), u);
+        bf16x8_to_float(load_activation(row + k0), g);
+        bf16x8_to_float(load_activation(row + K + k0), u);
         uint32_t w[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -512,8 +526,8 @@ linear_gemv_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const
     part[q][g + 8][2 * t] = d[2];
     part[q][g + 8][2 * t + 1] = d[3];
     __syncthreads();
-    const int o = threadIdx.x;
-    if (o < GEMV_MMA_ROWS * M) {
+    // 16 M outputs, S * 32 threads (as few as 32 when K <= 256).
+    for (int o = threadIdx.x; o < GEMV_MMA_ROWS * M; o += blockDim.x) {
         const int r = o % GEMV_MMA_ROWS, m = o / GEMV_MMA_ROWS;
         const long long n = row0 + r;
         if (n < N) {
