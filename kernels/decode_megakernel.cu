@@ -909,7 +909,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
 
 typedef void (*kernel_fn)(const params);
 
-template <int D, int G, int NW, int GV = 3>
+template <int D, int G, int NW, int GV = 2>
 static kernel_fn pick_mt(int M) {
     switch (M) {
     case 1: return decode_megakernel<1, D, G, NW, GV>;
@@ -921,13 +921,13 @@ static kernel_fn pick_mt(int M) {
 }
 
 // The kernel for M rows, head_dim D, GQA group G, NW consumer warps and
-// GEMV version GV: every shape at DEFAULT_NW with version 3, the EXTRA_NW
-// and version 2 (MV_LINEAR_GEMV=2, for comparisons) only at Qwen3-0.6B's
-// D 128, G 2.
+// GEMV version GV: every shape at DEFAULT_NW with version 2 (linear_cuda's
+// GEMV at M <= 4), the EXTRA_NW and version 3 (MV_LINEAR_GEMV=3, for
+// comparisons) only at Qwen3-0.6B's D 128, G 2.
 constexpr int EXTRA_NW[] = {4, 16};
 static kernel_fn pick(int M, int D, int G, int NW, int GV) {
-    if (GV == 2) return NW == DEFAULT_NW && D == 128 && G == 2 ? pick_mt<128, 2, DEFAULT_NW, 2>(M) : NULL;
-    if (GV != 3) return NULL;
+    if (GV == 3) return NW == DEFAULT_NW && D == 128 && G == 2 ? pick_mt<128, 2, DEFAULT_NW, 3>(M) : NULL;
+    if (GV != 2) return NULL;
     if (NW != DEFAULT_NW) {
         if (D != 128 || G != 2) return NULL;
         return NW == EXTRA_NW[0] ? pick_mt<128, 2, EXTRA_NW[0]>(M) : NW == EXTRA_NW[1] ? pick_mt<128, 2, EXTRA_NW[1]>(M)
@@ -966,6 +966,15 @@ static long long share_rows(int N, int blocks) {
 // row followed by pad bytes.
 static size_t share_bytes(int N, int K, int blocks, unsigned pad = 0) {
     return (size_t)share_rows(N, blocks) * ((size_t)K * 2 + pad);
+}
+
+// The GEMV version linear_cuda runs at M rows where it runs one
+// (linear_auto_version): 2 up to M = 4, 3 from M = 5; MV_LINEAR_GEMV forces one.
+static int gemv_version(int M) {
+    const int forced = linear_gemv_forced();
+    if (forced == LINEAR_GEMV) return LINEAR_GEMV;
+    return M <= LINEAR_GEMV_MMA_MAX_M && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)
+               ? LINEAR_GEMV_MMA : LINEAR_GEMV;
 }
 
 typedef struct {
@@ -1019,8 +1028,8 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const size_t ws = attention_decode_workspace_bytes(M, nq, D, p.num_splits);
     if (ws > 0 && (!a->attn_ws || a->attn_ws_bytes < ws)) NOPE("%d attention pieces need %zu bytes of workspace", p.num_splits, ws);
     const int blocks = sms;
-    // The GEMV: linear_cuda's (version 3, or 2 under MV_LINEAR_GEMV=2), for the same bits.
-    const int gv = linear_gemv_version();
+    // The GEMV: the version linear_cuda runs at M rows, for the same bits.
+    const int gv = gemv_version(M);
     p.pad = gv == LINEAR_GEMV_MMA ? 64u : 0u;
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
@@ -1089,7 +1098,7 @@ extern "C" int decode_megakernel_applies(const megakernel_args_t *a, const megak
     const struct { const bf16_t *x, *w; int N, K; const char *name; } proj[] = {
         {a->hidden_out, layer0->qkv, qkv_n, H, "qkv_proj"}, {a->attn, layer0->o_proj, H, qn, "o_proj"},
         {a->hidden_out, layer0->gate_up, 2 * I, H, "gate_up_proj"}, {a->gate_up, layer0->down, H, I, "down_proj"}};
-    const int gv = linear_gemv_version();
+    const int gv = gemv_version(M);
     for (size_t k = 0; k < sizeof proj / sizeof *proj; k++) {
         const int v = linear_auto_version(proj[k].x, proj[k].w, M, proj[k].N, proj[k].K);
         if (v != gv)

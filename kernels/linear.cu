@@ -539,11 +539,11 @@ linear_gemv_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const
     }
 }
 
-extern "C" int linear_gemv_version(void) {
-    static int v = 0;
-    if (!v) {
+extern "C" int linear_gemv_forced(void) {
+    static int v = -1;
+    if (v < 0) {
         const char *e = getenv("MV_LINEAR_GEMV");
-        v = e && !strcmp(e, "2") ? LINEAR_GEMV : LINEAR_GEMV_MMA;
+        v = e && !strcmp(e, "2") ? LINEAR_GEMV : e && !strcmp(e, "3") ? LINEAR_GEMV_MMA : 0;
     }
     return v;
 }
@@ -594,8 +594,10 @@ extern "C" const char *linear_version_name(int version) {
 extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
     if (M > max_m || !linear_gemv_applies(d_x, d_W, M, K)) return LINEAR_CUBLAS;
-    return linear_gemv_version() == LINEAR_GEMV_MMA && linear_gemv_mma_applies(d_x, d_W, M, K) ? LINEAR_GEMV_MMA
-                                                                                             : LINEAR_GEMV;
+    const int forced = linear_gemv_forced();
+    if (forced == LINEAR_GEMV) return LINEAR_GEMV;
+    const int mma = linear_gemv_mma_applies(d_x, d_W, M, K);
+    return mma && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M) ? LINEAR_GEMV_MMA : LINEAR_GEMV;
 }
 
 // The down projection with SiluAndMul folded in, by the GEMV linear_cuda

@@ -23,11 +23,12 @@
  *      columns), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
  *      decode megakernel repeats from shared memory. The same refusals as
  *      version 2, and M > 8.
- *   LINEAR_AUTO (0): the GEMV where it measured faster than cuBLAS (M <= 2,
+ *   LINEAR_AUTO (0): a GEMV where it measured faster than cuBLAS (M <= 2,
  *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
- *      pointers allow it, version 1 otherwise. Which GEMV: version 3
- *      (linear_gemv_version; MV_LINEAR_GEMV=2 picks version 2, for
- *      comparisons).
+ *      pointers allow it, version 1 otherwise. Which GEMV: version 2 up to
+ *      M = 4, version 3 from M = 5 (LINEAR_GEMV_MMA_AUTO_MIN_M);
+ *      MV_LINEAR_GEMV=2 or 3 forces one of them wherever it applies, for
+ *      comparisons (linear_gemv_forced).
  *
  * W is stored as Hugging Face stores it, [out_features, in_features]
  * row-major. cuBLAS is column-major, so the row-major product
@@ -60,6 +61,13 @@ extern "C" {
 #define LINEAR_GEMV_MAX_M 16
 // Version 3's most: the MMA's 8 columns (kernels/gemv_mma.cuh).
 #define LINEAR_GEMV_MMA_MAX_M 8
+// Where linear_cuda takes version 3 rather than 2 (chapter 03's small-M
+// table, one H100): from M = 5. At M = 8 it is ahead on every projection
+// (o_proj 4.9 against 6.1 us, gate_up 8.1 against 12.8), at M = 4 even or
+// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.4
+// against 5.7): from HBM, version 2's instructions cost nothing until M
+// grows, and version 3's blocks of one 16-row tile each start fewer loads.
+#define LINEAR_GEMV_MMA_AUTO_MIN_M 5
 // Where linear_cuda picks the GEMV, from chapter 03's small-M table (one
 // H200, Qwen3-0.6B's projections, 16 launches in a CUDA graph): it is faster
 // than cuBLAS at M <= 2 on every shape (1.05x to 2.9x), and up to M = 8 only
@@ -90,10 +98,11 @@ int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 // conditions and M <= 8.
 int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 
-// The GEMV linear_cuda picks where it picks one: LINEAR_GEMV_MMA, or
-// LINEAR_GEMV when the environment says MV_LINEAR_GEMV=2 (read once; the
-// engine refuses any other value than 2 or 3 at start-up).
-int linear_gemv_version(void);
+// The GEMV the environment forces wherever linear_cuda picks a GEMV:
+// LINEAR_GEMV for MV_LINEAR_GEMV=2, LINEAR_GEMV_MMA for 3 (where version 3
+// takes the shape), 0 when unset (read once; the engine refuses any other
+// value at start-up).
+int linear_gemv_forced(void);
 
 // The version linear_cuda runs for these arguments: LINEAR_GEMV_MMA,
 // LINEAR_GEMV or LINEAR_CUBLAS.

@@ -587,9 +587,11 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     const int applies = linear_gemv_applies(d_x, d_w, M, K), applies3 = linear_gemv_mma_applies(d_x, d_w, M, K);
     const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
-    const int want_auto = !(M <= max_m && applies)                                 ? LINEAR_CUBLAS
-                          : linear_gemv_version() == LINEAR_GEMV_MMA && applies3 ? LINEAR_GEMV_MMA
-                                                                                 : LINEAR_GEMV;
+    const int forced = linear_gemv_forced();
+    const int want_auto = !(M <= max_m && applies) ? LINEAR_CUBLAS
+                          : forced != LINEAR_GEMV && applies3 && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)
+                              ? LINEAR_GEMV_MMA
+                              : LINEAR_GEMV;
     char detail[320];
     snprintf(detail, sizeof detail, "%s: picks %s", shape, linear_version_name(auto_version));
     harness_check_bool(h, "gpu", "small-m", "linear_cuda's choice", auto_version == want_auto, detail);

@@ -17,6 +17,10 @@
 #      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
 #   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
 #      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
+#   6. NCU=1: Nsight Compute's warp-state sampling (WarpStateStats, SchedulerStats) over one launch
+#      of the megakernel in a one-stream bench (ncu.megakernel.txt)
+#   7. BATCH_AB="4 8": one bench of B rows each (512 + 256) with linear_cuda's own GEMV choice and
+#      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
 # BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
 # variant "base" runs its minivllm, for a before/after in one call.
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
@@ -88,11 +92,12 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
-# g2 the megakernel and every GEMV on linear version 2 (MV_LINEAR_GEMV=2), base BASE's minivllm.
+# g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm.
 variant_env() {
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
     g2) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=2 ;;
+    g3) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=3 ;;
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
@@ -131,6 +136,29 @@ for mk in $([ "${LATENCY:-1}" = 1 ] && echo 1 0); do
     --output-len 256 --repeat 2 --json "$OUT/09-engine.mk$mk.latency.json" 2>&1 | grep -E "batch|TPOT|TTFT|tok/s|megakernel" | head -14
 done
 
+for b in ${BATCH_AB:-}; do
+  for round in 1 2; do
+    for g in auto 2; do
+      echo "=================== $b rows, GEMV $g (round $round)"
+      env $([ $g = 2 ] && echo MV_LINEAR_GEMV=2) timeout 90 ./build/minivllm bench "${model[@]}" --num-seqs "$b" \
+        --prompt-len 512 --output-len 256 --repeat 3 --json "$OUT/09-engine.b$b.gemv-$g.$round.json" 2>&1 |
+        grep -E "output tok/s|TPOT|rror" | head -3
+    done
+  done
+done
+
+if [ "${NCU:-0}" = 1 ]; then
+  echo "=================== ncu: warp states over one megakernel launch (one stream, 512 + 16)"
+  NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  MV_MEGAKERNEL=1 timeout "${NCU_S:-180}" "$NCU_BIN" -k regex:decode_megakernel --launch-skip 6 --launch-count 1 \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg \
+    ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 16 --repeat 1 \
+    --max-num-seqs 2 --max-model-len 1024 --kv-cache-gib 1 > "$OUT/ncu.megakernel.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -vE "^==PROF==|^  *$" "$OUT/ncu.megakernel.txt" | grep -A80 "decode_megakernel" | head -90
+fi
+
 if [ "${CH03:-0}" = 1 ]; then
   echo "=================== chapter 03 (linear versions 1-3: checks and the small-M table)"
   timeout "${CH03_S:-240}" ./build/03-linear-tp --json "$OUT/03-linear-tp.json" > "$OUT/03-linear-tp.txt" 2>&1
@@ -140,7 +168,7 @@ if [ "${CH03:-0}" = 1 ]; then
   grep -E 'small-m .*(qkv_proj|o_proj|gate_up_proj|down_proj) v[123]' "$OUT/03-linear-tp.txt" | grep -E 'M=(1|2|8) ' | head -40
 fi
 
-if [ "${MK_SANITIZE:-0}" = 1 ] && [ "${CH03:-0}" = 1 ]; then
+if [ "${MK_SANITIZE:-0}" = 1 ] && { [ "${CH03:-0}" = 1 ] || [ "${CH03_SAN:-0}" = 1 ]; }; then
   for tool in memcheck racecheck; do
     echo "=================== compute-sanitizer --tool $tool, 03-linear-tp --checks-only --kernel 3"
     CUDA_VISIBLE_DEVICES=0 timeout "${SAN_S:-200}" compute-sanitizer --tool $tool --error-exitcode 9 \
@@ -160,6 +188,15 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
     rc=$?; [ $rc -eq 0 ] || status=1
     echo "$tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.$tool.log" | tail -1)"
     grep -E "^  megakernel" "$OUT/sanitizer.$tool.log" | head -1
+  done
+  # 8 rows: the unfused decode graphs, where linear_cuda runs version 3 (M >= 5) with PDL.
+  for tool in memcheck racecheck; do
+    echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 8 rows: unfused graphs, GEMV v3)"
+    timeout "${SAN_S:-200}" "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
+      --model tests/data/tiny-qwen3-mha --device cuda --num-seqs 8 --prompt-len 24 --output-len 16 --repeat 1 \
+      --max-num-seqs 8 --max-model-len 128 > "$OUT/sanitizer.b8.$tool.log" 2>&1
+    rc=$?; [ $rc -eq 0 ] || status=1
+    echo "8 rows $tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.b8.$tool.log" | tail -1)"
   done
 fi
 exit $status
