@@ -55,8 +55,10 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     for (size_t i = threadIdx.x; i < wbytes / 16 + K / 8; i += blockDim.x) {
         const unsigned h = (unsigned)i * 2654435761u;
         const uint32_t w = 0x3c003c00u ^ (h & 0x007f007fu);
-        reinterpret_cast<uint4 *>(smem)[i < wbytes / 16 ? i : 0] = make_uint4(w, w, w, w);
-        if (i >= wbytes / 16) xs[i - wbytes / 16] = make_uint4(w, w, w, w);
+        // (Writing smem[0] for the x indices too, as this loop once did, raced with its own fill:
+        // weights that changed from launch to launch, and bits compared across variants that differed.)
+        if (i < wbytes / 16) reinterpret_cast<uint4 *>(smem)[i] = make_uint4(w, w, w, w);
+        else xs[i - wbytes / 16] = make_uint4(w, w, w, w);
     }
     __syncthreads();
     unsigned long long c_sum = 0, t_sum = 0;

@@ -151,12 +151,16 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "=================== ncu: warp states over one megakernel launch (one stream, 512 + 16)"
   NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   MV_MEGAKERNEL=1 timeout "${NCU_S:-180}" "$NCU_BIN" -k regex:decode_megakernel --launch-skip 6 --launch-count 1 \
-    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section LaunchStats ${NCU_RAW:+--page raw} \
     --metrics smsp__inst_executed.sum,sm__cycles_elapsed.avg,smsp__cycles_active.avg \
     ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 16 --repeat 1 \
     --max-num-seqs 2 --max-model-len 1024 --kv-cache-gib 1 > "$OUT/ncu.megakernel.txt" 2>&1
   echo "ncu rc=$?"
-  grep -vE "^==PROF==|^  *$" "$OUT/ncu.megakernel.txt" | grep -A80 "decode_megakernel" | head -90
+  if [ -n "${NCU_RAW:-}" ]; then
+    grep -E "decode_megakernel|issue_stalled.*per_warp_active|inst_executed.sum |cycles_elapsed.avg " "$OUT/ncu.megakernel.txt" | head -40
+  else
+    grep -vE "^==PROF==|^  *$" "$OUT/ncu.megakernel.txt" | grep -A80 "decode_megakernel" | head -90
+  fi
 fi
 
 if [ "${CH03:-0}" = 1 ]; then
