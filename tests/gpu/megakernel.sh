@@ -157,7 +157,7 @@ if [ "${NCU:-0}" = 1 ]; then
     --max-num-seqs 2 --max-model-len 1024 --kv-cache-gib 1 > "$OUT/ncu.megakernel.txt" 2>&1
   echo "ncu rc=$?"
   if [ -n "${NCU_RAW:-}" ]; then
-    grep -E "decode_megakernel|issue_stalled.*per_warp_active|inst_executed.sum |cycles_elapsed.avg " "$OUT/ncu.megakernel.txt" | head -40
+    grep -E "decode_megakernel|issue_stalled_[a-z_]+_per_issue_active.ratio" "$OUT/ncu.megakernel.txt" | head -40
   else
     grep -vE "^==PROF==|^  *$" "$OUT/ncu.megakernel.txt" | grep -A80 "decode_megakernel" | head -90
   fi
