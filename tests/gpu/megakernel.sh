@@ -19,6 +19,7 @@
 #      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
 #   6. NCU=1: Nsight Compute's warp-state sampling (WarpStateStats, SchedulerStats) over one launch
 #      of the megakernel in a one-stream bench (ncu.megakernel.txt)
+#   8. LATENCY_AB=1: the latency mode at 1 to 8 rows, linear_cuda's GEMV choice against version 2
 #   7. BATCH_AB="4 8": one bench of B rows each (512 + 256) with linear_cuda's own GEMV choice and
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
 # BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
@@ -114,6 +115,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 for v in ${PROFILES:-mk1}; do
+  [ "$v" = none ] && continue
   e=$(variant_env "$v") || exit 2
   bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
   echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
@@ -146,6 +148,17 @@ for b in ${BATCH_AB:-}; do
     done
   done
 done
+
+# LATENCY_AB=1: the latency mode at 1, 2, 4, 5, 6 and 8 rows with linear_cuda's own GEMV choice and
+# with MV_LINEAR_GEMV=2, alternated (09-engine.latency-gemv-<auto|2>.json).
+if [ "${LATENCY_AB:-0}" = 1 ]; then
+  for g in auto 2 auto 2; do
+    echo "=================== latency at 1, 2, 4, 5, 6, 8 rows, GEMV $g"
+    env $([ $g = 2 ] && echo MV_LINEAR_GEMV=2) timeout 120 ./build/minivllm bench "${model[@]}" --latency \
+      --batch 1,2,4,5,6,8 --prompt-len 512 --output-len 256 --repeat 2 --json "$OUT/09-engine.latency-gemv-$g.json" 2>&1 |
+      grep -E "batch|TPOT|tok/s" | head -14
+  done
+fi
 
 if [ "${NCU:-0}" = 1 ]; then
   echo "=================== ncu: warp states over one megakernel launch (one stream, 512 + 16)"
