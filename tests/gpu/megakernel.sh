@@ -150,12 +150,14 @@ for b in ${BATCH_AB:-}; do
 done
 
 # LATENCY_AB=1: the latency mode at 1, 2, 4, 5, 6 and 8 rows with linear_cuda's own GEMV choice and
-# with MV_LINEAR_GEMV=2, alternated (09-engine.latency-gemv-<auto|2>.json).
+# with MV_LINEAR_GEMV=2, alternated (09-engine.latency-gemv-<auto|2>.<round>.json).
 if [ "${LATENCY_AB:-0}" = 1 ]; then
-  for g in auto 2 auto 2; do
-    echo "=================== latency at 1, 2, 4, 5, 6, 8 rows, GEMV $g"
+  for rg in 1:auto 1:2 2:auto 2:2; do
+    round=${rg%%:*}; g=${rg#*:}
+    echo "=================== latency at 1, 2, 4, 5, 6, 8 rows, GEMV $g (round $round)"
     env $([ $g = 2 ] && echo MV_LINEAR_GEMV=2) timeout 120 ./build/minivllm bench "${model[@]}" --latency \
-      --batch 1,2,4,5,6,8 --prompt-len 512 --output-len 256 --repeat 2 --json "$OUT/09-engine.latency-gemv-$g.json" 2>&1 |
+      --batch 1,2,4,5,6,8 --prompt-len 512 --output-len 256 --repeat 2 \
+      --json "$OUT/09-engine.latency-gemv-$g.$round.json" 2>&1 |
       grep -E "batch|TPOT|tok/s" | head -14
   done
 fi
