@@ -59,9 +59,12 @@
  * norm. Block 0 writes the updated residual into the other of two residual
  * buffers, since the other blocks are still reading the one it came from.
  *
- * The bits. The GEMV's sum of a row is taken in linear_gemv_kernel's order
- * (per lane its chunks in slab order, the slices' warp sums added in order:
- * linear_gemv_k_split fixes the slices, whichever warp computes which), the
+ * The bits. The GEMV's sum of a row is taken in the order of the GEMV
+ * linear_cuda runs at M rows: version 2, linear_gemv_kernel's (per lane its
+ * chunks in slab order, the slices' warp sums added in order:
+ * linear_gemv_k_split fixes the slices, whichever warp computes which), or,
+ * under MV_LINEAR_GEMV=3, version 3's (kernels/gemv_mma.cuh: mk::gemv_mma,
+ * with the weight rows padded 64 bytes in shared memory), the
  * norm's in rmsnorm_kernel_v3's (one 8-wide vector per thread, a block sum
  * over the warps: the unused warps add zeros, which changes no bit of a sum
  * of squares), q/k norm and

@@ -14,7 +14,8 @@ kept in docs/results/json/. This script renders them:
 
 KEYs: NN-name:env, NN-name:timings, NN-name:checks, NN-name:sanitizer (GPU
 chapters), 03-linear-tp:small-m (cuBLAS against the GEMV at small M; until the
-json has those rows, the block says how to make them), 08-scheduler:workloads,
+json has those rows, the block says how to make them; 03-linear-tp.v3:small-m adds
+version 3's columns), 09-engine:gemv-ab (the GEMV's version at 1 to 8 rows), 08-scheduler:workloads,
 09-tokenizer:bench, and the engine's
 09-engine:bench, 09-engine:single, 09-engine:compare (from 09-engine.bench.json,
 09-engine.single.json, 09-engine.compare.json, written by tests/gpu/engine.sh;
@@ -99,10 +100,23 @@ def render_small_m(d):
             table[key] = {"shape": t["shape"], "bytes": t["bytes"]}
             order.append(key)
         table[key][version] = t
-    out = [f"On **{d['gpu']['name']}**, {d['date'][:10]}, `{d['command'].split(' --json')[0]}` (GPU 0; time per launch "
-           f"of 16 back to back in a CUDA graph, each over its own copy of the weight; MB moved = weight + x + y; "
-           f"% of copy: of the {d.get('ceilings', {}).get('copy_gbs', 0):.0f} GB/s copy bandwidth measured in the same run).",
-           "",
+    head = (f"On **{d['gpu']['name']}**, {d['date'][:10]}, `{d['command'].split(' --json')[0]}` (GPU 0; time per launch "
+            f"of 16 back to back in a CUDA graph, each over its own copy of the weight; MB moved = weight + x + y; "
+            f"% of copy: of the {d.get('ceilings', {}).get('copy_gbs', 0):.0f} GB/s copy bandwidth measured in the same run).")
+    if any("v3-gemv-mma" in r for r in table.values()):
+        # Version 3 measured too (from the run that added it): the three side by side, and the fastest.
+        out = [head + (f" Commit {d['commit']}." if d.get("commit") else ""), "",
+               "| projection | shape | MB moved | cuBLAS (us) | % of copy | GEMV v2 (us) | % of copy | GEMV v3 (us) "
+               "| % of copy | fastest |",
+               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        for key in order:
+            r = table[key]
+            ts = [(name, r.get(v)) for name, v in (("cuBLAS", "v1-cublas"), ("v2", "v2-gemv"), ("v3", "v3-gemv-mma"))]
+            cells = [f"{fmt_us(t['ms'])} | {t['pct_copy']:.1f}" if t else " | " for _, t in ts]
+            best = min((t["ms"], name) for name, t in ts if t)[1]
+            out.append(f"| {key[0]} | {r['shape']} | {r['bytes'] / 1e6:.2f} | {' | '.join(cells)} | {best} |")
+        return "\n".join(out) + "\n"
+    out = [head, "",
            "| projection | shape | MB moved | cuBLAS (us) | % of copy | GEMV (us) | % of copy | cuBLAS time / GEMV time |",
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for key in order:
@@ -801,6 +815,33 @@ def render_megakernel_rope():
     return "\n".join(out) + "\n"
 
 
+def render_gemv_ab():
+    """The latency mode at 1 to 8 rows with linear_cuda's own GEMV choice (version 2 up to M = 4, version 3 from
+    M = 5) and with version 2 everywhere (MV_LINEAR_GEMV=2), alternated, two rounds
+    (json/09-engine.latency-gemv-{auto,2}.{1,2}.json, from megakernel.sh's LATENCY_AB)."""
+    runs = {(g, r): load(f"09-engine.latency-gemv-{g}.{r}.json") for g in ("auto", "2") for r in (1, 2)}
+    if not all(runs.values()):
+        return None
+    d = runs["auto", 1]
+    by = {k: {b["batch"]: b for b in v["batches"]} for k, v in runs.items()}
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --latency --batch "
+           f"1,2,4,5,6,8 --prompt-len 512 --output-len 256 --repeat 2` on **{d['gpu']}**, {d['date'][:10]}, commit "
+           f"{d['commit']} (`LATENCY_AB=1 bash tests/gpu/megakernel.sh`), with version 2 everywhere "
+           f"(`MV_LINEAR_GEMV=2`) and with linear_cuda's own choice, alternated, two rounds. Output tok/s (median of "
+           f"2) and the median time per output token:", "",
+           "| rows | version 2 everywhere, round 1 / 2 | linear_cuda's choice, round 1 / 2 | GEMV at these rows | "
+           "choice / version 2 |", "| ---: | ---: | ---: | --- | ---: |"]
+    for b in sorted(by["auto", 1]):
+        two = [by["2", r][b] for r in (1, 2)]
+        auto = [by["auto", r][b] for r in (1, 2)]
+        cell = lambda xs: " / ".join(f"{x['output_tok_s']['median']:,.0f} ({x['tpot_ms']['p50']:.3f} ms)" for x in xs)
+        mean = lambda xs: sum(x["output_tok_s"]["median"] for x in xs) / len(xs)
+        which = "v3 (o_proj, down_proj); cuBLAS (qkv, gate_up)" if b >= 5 else (
+            "v2 in the megakernel" if b <= 2 else "v2 (o_proj, down_proj); cuBLAS (qkv, gate_up)")
+        out.append(f"| {b} | {cell(two)} | {cell(auto)} | {which} | {100 * mean(auto) / mean(two):.1f}% |")
+    return "\n".join(out) + "\n"
+
+
 def render_lt_probe():
     """cuBLAS's first choice against the best of cublasLt's heuristic list, in graphs (json/09-engine.lt-probe.json,
     tests/gpu/lt_probe.cu)."""
@@ -1132,6 +1173,9 @@ def blocks():
     rope = render_megakernel_rope()
     if rope:
         out["09-engine:megakernel-rope"] = ("09-engine.rope-pieces.on.1.json", rope)
+    gab = render_gemv_ab()
+    if gab:
+        out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
     lt = render_lt_probe()
     if lt:
         out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)
