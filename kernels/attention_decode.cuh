@@ -134,34 +134,13 @@ __host__ __device__ constexpr int dec_piece_smem_floats() {
     return DEC_WARPS * (32 / (D / 8)) * G * (D + 2);
 }
 
-// A tile of keys from `base` (key j = base + u NSUB + sub for u < U): this
-// lane's 16 bytes of each key and value, zeros past `end`.
-template <int D, int U, class Ld, class KV>
-__device__ __forceinline__ void dec_load_tile(uint4 (&kr)[U], uint4 (&vr)[U], const KV &kv, int s, int base, int end,
-                                              int sub, long long head_off) {
-    constexpr int NSUB = DEC_WARPS * (32 / (D / 8));
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int j = base + u * NSUB + sub;
-        if (j < end) {
-            const long long row = kv.key_row(s, j);
-            kr[u] = Ld::v16(kv.k + row * kv.k_stride + head_off);
-            vr[u] = Ld::v16(kv.v + row * kv.v_stride + head_off);
-        } else {
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
 // One piece: the G query heads from h0 of kv head kvh (bx: the CTA's x
 // index in a grid of Hkv * groups_per_kv), sequence s, piece `split`, by
 // DEC_THREADS threads (tid: this one); sm holds dec_piece_smem_floats<D, G>()
 // floats. Every thread of the piece calls it (it holds one Sync::sync()).
-// KV: where the keys are (PagedKV, or a type with the same members: the
-// decode megakernel's StagedKV, whose rows were looked up once a step).
-template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain, class KV = PagedKV>
+template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain>
 __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
-                                                bf16 *out, const bf16 *q, long long q_stride, const KV &kv,
+                                                bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
                                                 int H, int Hkv, float scale_log2, int num_splits, int split_len,
                                                 float *ws_o, float *ws_ml, const Prep &prep = Prep()) {
     constexpr int U = dec_unroll(G);
@@ -206,7 +185,17 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     for (int base = start; base < end; base += TILE) {
         // All of the tile's loads first (2U 16-byte vectors per lane), then the math.
         uint4 kr[U], vr[U];
-        dec_load_tile<D, U, Ld>(kr, vr, kv, s, base, end, sub, head_off);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = base + u * NSUB + sub;
+            if (j < end) {
+                const long long row = kv.key_row(s, j);
+                kr[u] = Ld::v16(kv.k + row * kv.k_stride + head_off);
+                vr[u] = Ld::v16(kv.v + row * kv.v_stride + head_off);
+            } else {
+                kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            }
+        }
         float sc[U][G];  // scores in log2 units; -inf past the end
 #pragma unroll
         for (int u = 0; u < U; u++) {

@@ -141,7 +141,6 @@ struct params {
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
     unsigned pad;                    // bytes after each row of W in shared memory (GEMV version 3: 64)
-    unsigned off_stage;              // shared-memory offset of the teams' stages (0: no staging)
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -597,88 +596,6 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
     }
 }
 
-// ---- what a team's first attention piece needs, looked up once a step -------------------
-//
-// A team's first piece (the one task of every team at Qwen3-0.6B's one or
-// two rows) is the same (kv head, row, piece) in every layer, and what it
-// reads besides the layer's queries and cache is the step's own input:
-// the row's context length and position, its cos/sin row and the cache
-// rows of its keys (through the block table). Looked up after each layer's
-// qkv phase, those are three or four dependent trips to memory before the
-// first key (context_lens, then block_tables, then the keys; positions,
-// then cos_sin). So the team looks them up once, at the start of the
-// kernel, into its stage in shared memory (MV_MEGAKERNEL_STAGE=0: not at
-// all), and at the start of each layer asks L2 to fetch that layer's keys
-// and values of the piece (prefetch.global.L2::evict_last), which the
-// piece then reads as L2 hits. The same values either way: only where
-// they come from changes.
-constexpr int STAGE_KEYS = 256, STAGE_D = 128;
-struct __align__(128) stage_t {  // (cos_sin is read as 32-byte vectors: every stage on 128 bytes)
-    long long rows[STAGE_KEYS];  // cache rows of keys first .. first + n - 1
-    float cos_sin[STAGE_D];      // the row's cos/sin at its position (D floats)
-    int s, kvh, ctx, pos, first, n;  // s < 0: nothing staged
-};
-
-// PagedKV's members, and the stage's rows for its row s.
-struct StagedKV {
-    const bf16 *k, *v;
-    long long k_stride, v_stride;
-    const int32_t *context_lens, *block_tables;
-    int block_shift, max_blocks;
-    const stage_t *st;  // NULL: no stage for this piece
-    __device__ __forceinline__ int num_keys(int s) const { return st && st->s == s ? st->ctx : context_lens[s]; }
-    __device__ __forceinline__ long long key_row(int s, int j) const {
-        if (st && st->s == s && (unsigned)(j - st->first) < (unsigned)st->n) return st->rows[j - st->first];
-        const int32_t block = block_tables[(long long)s * max_blocks + (j >> block_shift)];
-        return ((long long)block << block_shift) + (j & ((1 << block_shift) - 1));
-    }
-};
-
-// The team's stage (every thread of the team calls it, once a step).
-template <int D, int NW>
-__device__ __forceinline__ void stage_fill(const params &p, int M, stage_t *st) {
-    const megakernel_args_t &a = p.a;
-    const int team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
-    const int nbx = a.num_kv_heads * p.groups_per_kv, tasks = nbx * M * p.num_splits;
-    const int t = team * gridDim.x + blockIdx.x;
-    int s = -1, kvh = 0, ctx = 0, pos = 0, first = 0, n = 0;
-    if (t < tasks) {
-        const int bx = t % nbx, split = t / (nbx * M);
-        s = (t / nbx) % M;
-        kvh = bx / p.groups_per_kv;
-        ctx = a.context_lens[s];
-        pos = a.positions[s];
-        rope_fused::check_pos(pos, a.max_position);
-        const int len = decode_piece_len(p.split_len, ctx, p.num_splits);
-        first = split * len;
-        const int end = split == p.num_splits - 1 ? ctx : min(ctx, first + len);
-        n = max(0, min(end - first, STAGE_KEYS));
-        for (int i = tid; i < n; i += DEC_THREADS) {
-            const int j = first + i;
-            const int32_t block = a.block_tables[(long long)s * a.max_blocks + (j >> p.block_shift)];
-            st->rows[i] = ((long long)block << p.block_shift) + (j & ((1 << p.block_shift) - 1));
-        }
-        for (int i = tid; i < D; i += DEC_THREADS) st->cos_sin[i] = a.cos_sin[(long long)pos * D + i];
-    }
-    if (tid == 0) st->s = s, st->kvh = kvh, st->ctx = ctx, st->pos = pos, st->first = first, st->n = n;
-    team_sync::sync();
-}
-
-// Layer ly's keys and values of the staged piece into L2 (each row of D
-// bf16 is D / 64 lines of 128 bytes, for the key and for the value).
-template <int D>
-__device__ __forceinline__ void stage_prefetch(const params &p, const megakernel_layer_t &ly, const stage_t *st) {
-    if (st->s < 0) return;
-    constexpr int LINES = D * 2 / 128;
-    const long long row = (long long)p.a.num_kv_heads * D;
-    const bf16 *k = reinterpret_cast<const bf16 *>(ly.k_cache), *v = reinterpret_cast<const bf16 *>(ly.v_cache);
-    for (int i = threadIdx.x % DEC_THREADS; i < st->n * 2 * LINES; i += DEC_THREADS) {
-        const int key = i / (2 * LINES), w = i % (2 * LINES);
-        const bf16 *base = (w < LINES ? k : v) + st->rows[key] * row + (long long)st->kvh * D + (w % LINES) * 64;
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(base));
-    }
-}
-
 // ---- q/k norm + RoPE + the KV store inside the attention pieces -------------------------
 //
 // MV_MEGAKERNEL_FUSED_ROPE=1 (the default, where a kv head has one piece
@@ -700,7 +617,6 @@ struct rope_prep {
     using fvec_t = rope_fused::fvec<VEC>;
     const params *p;
     megakernel_layer_t ly;
-    const stage_t *st;  // the team's stage, or NULL
 
     // A head's two halves as rope_store's lane (part % LANES) reads them.
     struct raw {
@@ -736,7 +652,7 @@ struct rope_prep {
                                           int kvh, int part, int tid, bool last, float scale_log2) const {
         static_assert(DD == D, "one head size");
         const megakernel_args_t &a = p->a;
-        const int pos = st && st->s == s ? st->pos : a.positions[s], nkv = a.num_kv_heads;
+        const int pos = a.positions[s], nkv = a.num_kv_heads;
         raw xq[G];
 #pragma unroll
         for (int g = 0; g < G; g++) xq[g] = load(q + (long long)s * q_stride + (long long)(h0 + g) * D, part);
@@ -752,10 +668,8 @@ struct rope_prep {
         }
         rope_fused::check_pos(pos, a.max_position);
         const int lane = part % LANES;
-        // The row's cos/sin: from the stage when it holds this row (the same floats).
-        const float *cos_sin = st && st->s == s ? st->cos_sin : a.cos_sin + (long long)pos * D;
-        const fvec_t cs = reinterpret_cast<const fvec_t *>(cos_sin)[lane];
-        const fvec_t sn = reinterpret_cast<const fvec_t *>(cos_sin + HALF)[lane];
+        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
+        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             const vec_t y = norm_rope(xq[g], ly.q_norm, cs, sn, part);
@@ -782,27 +696,25 @@ struct rope_prep {
 // The pieces (kv head group, row, piece) go to the teams of DEC_THREADS
 // threads: team 0 of every block first, then team 1, ...; each team has its
 // own combine buffer (dec_piece_smem_floats) and named barrier.
-// st: the team's stage (its first piece's rows), or NULL.
 template <int D, int G, int NW, class Prep>
 __device__ __forceinline__ void attention(const params &p, const megakernel_layer_t &ly, int M, float *sm,
-                                          const Prep &prep, const stage_t *st) {
+                                          const Prep &prep) {
     constexpr int TEAMS = cfg<NW>::TEAMS;
     const int team = threadIdx.x / DEC_THREADS;
     sm += team * dec_piece_smem_floats<D, G>();
     const megakernel_args_t &a = p.a;
     const int nq = a.num_heads, nkv = a.num_kv_heads, nbx = nkv * p.groups_per_kv;
     const long long row = (long long)nkv * D;
-    StagedKV kv = {reinterpret_cast<const bf16 *>(ly.k_cache), reinterpret_cast<const bf16 *>(ly.v_cache), row, row,
-                   a.context_lens, a.block_tables, p.block_shift, a.max_blocks, st};
+    const PagedKV kv = {reinterpret_cast<const bf16 *>(ly.k_cache), reinterpret_cast<const bf16 *>(ly.v_cache), row,
+                        row, a.context_lens, a.block_tables, p.block_shift, a.max_blocks};
     float *ws_o = a.attn_ws, *ws_ml = p.num_splits > 1 ? a.attn_ws + (size_t)M * nq * p.num_splits * D : NULL;
     const int tasks = nbx * M * p.num_splits;
     for (int t = team * gridDim.x + blockIdx.x; t < tasks; t += gridDim.x * TEAMS) {
         const int bx = t % nbx, s = (t / nbx) % M, split = t / (nbx * M);
-        decode_piece_v2<D, G, dec_ld_cg, team_sync, Prep, StagedKV>(
-            bx, s, split, p.groups_per_kv, threadIdx.x % DEC_THREADS, sm, reinterpret_cast<bf16 *>(a.attn),
-            reinterpret_cast<const bf16 *>(a.qkv), p.qkv_n, kv, nq, nkv, p.scale_log2, p.num_splits, p.split_len, ws_o,
-            ws_ml, prep);
-        kv.st = NULL;       // the stage is the first piece's
+        decode_piece_v2<D, G, dec_ld_cg, team_sync>(bx, s, split, p.groups_per_kv, threadIdx.x % DEC_THREADS, sm,
+                                                    reinterpret_cast<bf16 *>(a.attn),
+                                                    reinterpret_cast<const bf16 *>(a.qkv), p.qkv_n, kv, nq, nkv,
+                                                    p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml, prep);
         team_sync::sync();  // sm is the team's next piece's
     }
 }
@@ -923,14 +835,10 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
-    // The team's stage (MV_MEGAKERNEL_STAGE=0: none): its first attention piece's rows and cos/sin.
-    stage_t *st = p.off_stage ? reinterpret_cast<stage_t *>(mk_smem + p.off_stage) + threadIdx.x / DEC_THREADS : NULL;
-    if (st) stage_fill<D, NW>(p, MT, st);
     norm_sync ns = {bars + BAR_NORM, 0u};
     norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps, ns);
     for (int l = 0; l < L; l++) {
         const megakernel_layer_t ly = layers[l];
-        if (st) stage_prefetch<D>(p, ly, st);
         // 1. input norm, qkv
         if (l > 0) {
             norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.input_norm), res[(fused + 1) % 2],
@@ -948,13 +856,13 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         barrier<NW>(&gb, tl);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
-            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly, st}, st);
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
             barrier<NW>(&gb, tl);
             // 3. attention
-            attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{}, st);
+            attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
         }
         barrier<NW>(&gb, tl);
         if (p.num_splits > 1) {
@@ -1160,14 +1068,6 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_part = p.off_x + round128(bytes_x);
     p.off_bar = p.off_part + round128(part_floats * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
-    // The teams' stages (MV_MEGAKERNEL_STAGE=0: none, for comparisons).
-    const char *stg = getenv("MV_MEGAKERNEL_STAGE");
-    if (stg && strcmp(stg, "0") && strcmp(stg, "1")) NOPE("MV_MEGAKERNEL_STAGE=%s (0 or 1)", stg);
-    p.off_stage = 0;
-    if (!(stg && !strcmp(stg, "0")) && D <= mk::STAGE_D) {
-        p.off_stage = round128(pl->smem);
-        pl->smem = p.off_stage + sizeof(mk::stage_t) * (size_t)(nw / 4);
-    }
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     // Padded rows (GEMV version 3) go a row at a time (2 to 6 KB for
     // Qwen3-0.6B): 2 KB copies, 8 in flight, the 16 KB of 4 KB x 4.

@@ -93,14 +93,12 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
-# g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), st0 the megakernel without
-# its teams' stages (MV_MEGAKERNEL_STAGE=0), base BASE's minivllm.
+# g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm.
 variant_env() {
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
     g2) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=2 ;;
     g3) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=3 ;;
-    st0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_STAGE=0 ;;
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
