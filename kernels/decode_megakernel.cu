@@ -376,12 +376,14 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
 // the padding, which puts rows g and g + 1 of a tile 64 bytes apart in the
 // banks) in tiles of 16; the work items are (tile, slice of K), slices as
 // kernels/gemv_mma.cuh fixes them. Warp w takes items w, w + NW, ...; an
-// item's loads of up to 8 chunks go out before its first MMA. Each item's
-// D goes to part[item][16][MT], and each output then adds its S slices in
-// order from 0, as linear_gemv_mma_kernel does: the same bits.
-// Not inlined: the kernel runs it four times a layer, and one copy of its
-// code (where four would be) keeps more of the layer's code in the SM's
-// instruction cache. The asserts keep its shared-memory accesses LDS/STS.
+// item's loads of up to 8 chunks are written before its MMAs (the compiler
+// still interleaves each chunk's loads with its two MMAs: chapter 09). Each
+// item's D goes to part[item][16][MT], and each output then adds its S
+// slices in order from 0, as linear_gemv_mma_kernel does: the same bits.
+// Not inlined: one copy of its code for the kernel's four calls a layer
+// (Nsight Compute finds no instruction-fetch stalls to speak of, so this is
+// for the code's size and compile time). The asserts keep its
+// shared-memory accesses LDS/STS.
 template <int MT, int NW>
 __device__ __noinline__ void gemv_mma(const wbuf b, int K, int pitch, const uint4 *xs, bf16 *out, int N,
                                       float *part) {

@@ -2,8 +2,8 @@
  * kernels/gemv_mma.cuh - the pieces of linear version 3, the tensor-core
  * GEMV, that both of its users share: kernels/linear.cu (the kernel that
  * streams W from global memory) and kernels/decode_megakernel.cu (a block's
- * rows of W from shared memory). Both must give the same bits, so the order
- * of a row's sum is fixed here, once.
+ * rows of W from shared memory, under MV_LINEAR_GEMV=3). Both must give the
+ * same bits, so the order of a row's sum is fixed here, once.
  *
  * y[m][n] = sum_k W[n][k] x[m][k] for M <= 8 tokens, as one
  * mma.sync.m16n8k16 (bf16 in, fp32 accumulate) after another: the MMA's

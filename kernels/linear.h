@@ -21,8 +21,8 @@
  *   3  the same GEMV on the tensor cores, for M <= 8: each 16 rows of W the
  *      A operand of mma.sync.m16n8k16, the tokens its B operand (its 8
  *      columns), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
- *      decode megakernel repeats from shared memory. The same refusals as
- *      version 2, and M > 8.
+ *      decode megakernel can repeat from shared memory (MV_LINEAR_GEMV=3).
+ *      The same refusals as version 2, and M > 8.
  *   LINEAR_AUTO (0): a GEMV where it measured faster than cuBLAS (M <= 2,
  *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
  *      pointers allow it, version 1 otherwise. Which GEMV: version 2 up to
@@ -63,10 +63,12 @@ extern "C" {
 #define LINEAR_GEMV_MMA_MAX_M 8
 // Where linear_cuda takes version 3 rather than 2 (chapter 03's small-M
 // table, one H100): from M = 5. At M = 8 it is ahead on every projection
-// (o_proj 4.9 against 6.1 us, gate_up 8.1 against 12.8), at M = 4 even or
-// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.4
-// against 5.7): from HBM, version 2's instructions cost nothing until M
+// (o_proj 4.9 against 6.1 us, gate_up 8.0 against 12.7), at M = 4 even or
+// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.3
+// against 5.7): from HBM, version 2's instructions cost little until M
 // grows, and version 3's blocks of one 16-row tile each start fewer loads.
+// In a decode step of 5 to 8 rows the fused down projection gains most
+// (chapter 09: 23 to 26% more tokens a second).
 #define LINEAR_GEMV_MMA_AUTO_MIN_M 5
 // Where linear_cuda picks the GEMV, from chapter 03's small-M table (one
 // H200, Qwen3-0.6B's projections, 16 launches in a CUDA graph): it is faster
