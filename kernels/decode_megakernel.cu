@@ -764,14 +764,7 @@ __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int
             float g[8], u[8];
             unpack8(gv[j], g);
             unpack8(uv[j], u);
-            uint32_t w[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * e], u[2 * e]),
-                                                                 silu_mul_dev(g[2 * e + 1], u[2 * e + 1]));
-                w[e] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
-            }
-            xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
+            xs[i] = silu_mul_pack8(g, u);
         }
     }
 }

@@ -369,21 +369,28 @@ static int launch_gemv(gemv_kernel_fn kernel, bf16_t *d_out, const bf16_t *d_x, 
     return CUDA_TRY(cudaGetLastError());
 }
 
+// What both GEMVs (versions 2 and 3) need of K, W and x, refused in this
+// order with the value named (after the caller's own check of M).
+static int gemv_check_operands(const char *fn, const bf16_t *d_x, const bf16_t *d_W, int K) {
+    if (K % 8)
+        return mv_error("%s: K = %d is not a multiple of 8: each row of W and x must be whole 16-byte "
+                        "vectors (8 bf16)", fn, K);
+    if (!mv_aligned(d_W, 16))
+        return mv_error("%s: W (%p) is not 16-byte aligned (address %% 16 = %lu)", fn, (const void *)d_W,
+                        gemv_misalignment(d_W));
+    if (!mv_aligned(d_x, 16))
+        return mv_error("%s: x (%p) is not 16-byte aligned (address %% 16 = %lu)", fn, (const void *)d_x,
+                        gemv_misalignment(d_x));
+    return 0;
+}
+
 static int linear_gemv(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias, int M, int N,
                        int K, cudaStream_t stream) {
     if (!d_out || !d_x || !d_W) return mv_error("linear_gemv: null pointer");
     if (M > LINEAR_GEMV_MAX_M)
         return mv_error("linear_gemv: M = %d tokens is more than the GEMV takes (%d); version 1 (cuBLAS) takes any M",
                         M, LINEAR_GEMV_MAX_M);
-    if (K % 8)
-        return mv_error("linear_gemv: K = %d is not a multiple of 8: each row of W and x must be whole 16-byte "
-                        "vectors (8 bf16)", K);
-    if (!mv_aligned(d_W, 16))
-        return mv_error("linear_gemv: W (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_W,
-                        gemv_misalignment(d_W));
-    if (!mv_aligned(d_x, 16))
-        return mv_error("linear_gemv: x (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_x,
-                        gemv_misalignment(d_x));
+    if (gemv_check_operands("linear_gemv", d_x, d_W, K)) return -1;
     return launch_gemv(GEMV_KERNELS[M - 1], d_out, d_x, d_W, d_bias, N, K, stream);
 }
 
@@ -472,14 +479,7 @@ struct gemv_mma_x_silu_mul {
         float g[8], u[8];
         bf16x8_to_float(load_activation(row + k0), g);
         bf16x8_to_float(load_activation(row + K + k0), u);
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const __nv_bfloat162 two = __floats2bfloat162_rn(silu_mul_dev(g[2 * j], u[2 * j]),
-                                                             silu_mul_dev(g[2 * j + 1], u[2 * j + 1]));
-            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
-        }
-        return make_uint4(w[0], w[1], w[2], w[3]);
+        return silu_mul_pack8(g, u);
     }
 };
 
@@ -572,15 +572,7 @@ static int linear_gemv_mma(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, 
         return mv_error("linear_gemv_mma: M = %d tokens is more than the tensor-core GEMV takes (%d: the MMA's 8 "
                         "columns); version 2 takes up to %d, version 1 (cuBLAS) any M",
                         M, GEMV_MMA_MAX_M, LINEAR_GEMV_MAX_M);
-    if (K % 8)
-        return mv_error("linear_gemv_mma: K = %d is not a multiple of 8: each row of W and x must be whole 16-byte "
-                        "vectors (8 bf16)", K);
-    if (!mv_aligned(d_W, 16))
-        return mv_error("linear_gemv_mma: W (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_W,
-                        gemv_misalignment(d_W));
-    if (!mv_aligned(d_x, 16))
-        return mv_error("linear_gemv_mma: x (%p) is not 16-byte aligned (address %% 16 = %lu)", (const void *)d_x,
-                        gemv_misalignment(d_x));
+    if (gemv_check_operands("linear_gemv_mma", d_x, d_W, K)) return -1;
     return launch_gemv_mma(0, d_out, d_x, d_W, d_bias, M, N, K, stream);
 }
 

@@ -956,6 +956,15 @@ static void time_all_reduce(harness_t *h, tp_group_t *g, int M, int hidden) {
 
 int main(int argc, char **argv) {
     harness_t h;
+    // MV_LINEAR_GEMV forces linear_cuda's GEMV (kernels/linear.h); any other
+    // value than 2 or 3 is refused here, as the engine refuses it, rather
+    // than read as unset.
+    const char *gemv = getenv("MV_LINEAR_GEMV");
+    if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3")) {
+        fprintf(stderr, "03-linear-tp: MV_LINEAR_GEMV=%s: it takes 2 (version 2, the GEMV on fp32 FMAs) or 3 "
+                        "(version 3, on the tensor cores)\n", gemv);
+        return 2;
+    }
     // linear_cuda's automatic choice (LINEAR_AUTO) is checked as the version it picks.
     static const harness_kernel_t kernels[] = {{"linear", LINEAR_VERSION_TABLE}, {NULL, NULL}};
     harness_begin_kernels(&h, "03-linear-tp",
