@@ -41,14 +41,16 @@
 enum { REPS = 200, WARM = 10 };
 
 // One block a SM; CONSUMERS threads, as the megakernel's consumer warps.
-// Shared memory: the share's weights [rows, K], xs [1, K], part.
-template <int NW, int IW>
+// Shared memory: the share's weights [rows, K] (GV 3: each row padded 64
+// bytes, as the kernel pads them for mk::gemv_mma), xs [1, K], part.
+template <int NW, int IW, int GV = 2>
 __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *result) {
     using namespace mk;
     extern __shared__ __align__(128) unsigned char smem[];
     wbuf b = {reinterpret_cast<uint4 *>(smem), nullptr, nullptr, 0u, 0, 0};
     share(N, &b.row0, &b.rows);
-    const size_t wbytes = (size_t)b.rows * K * 2;
+    const int pitch = GV == 3 ? (2 * K + 64) / 16 : K / 8;  // uint4s a row
+    const size_t wbytes = (size_t)b.rows * pitch * 16;
     uint4 *xs = reinterpret_cast<uint4 *>(smem + (wbytes + 127) / 128 * 128);
     float *part = reinterpret_cast<float *>(xs + K / 8);
     // Weights and input: small bf16 values from the index (any bits will do).
@@ -64,7 +66,10 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     unsigned long long c_sum = 0, t_sum = 0;
     for (int r = 0; r < WARM + REPS; r++) {
         const unsigned long long c0 = clock64(), t0 = globaltimer();
-        gemv<1, NW, IW>(b, K, ks, xs, out, N, part);
+        if constexpr (GV == 3)
+            gemv_mma<1, NW>(b, K, pitch, xs, out, N, part);
+        else
+            gemv<1, NW, IW>(b, K, ks, xs, out, N, part);
         csync<NW>::sync();
         const unsigned long long c1 = clock64(), t1 = globaltimer();
         if (r >= WARM) c_sum += c1 - c0, t_sum += t1 - t0;
@@ -82,45 +87,16 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
     }
 }
 
-// Version 3 (mk::gemv_mma, the tensor-core GEMV) alone, with its rows padded
-// as the kernel pads them (64 bytes after each): its own bits (not version
-// 1's), so only its time is printed.
-template <int NW>
-__global__ void gemv_alone_mma(int N, int K, bf16 *out, unsigned long long *result) {
-    using namespace mk;
-    extern __shared__ __align__(128) unsigned char smem[];
-    wbuf b = {reinterpret_cast<uint4 *>(smem), nullptr, nullptr, 0u, 0, 0};
-    share(N, &b.row0, &b.rows);
-    const int pitch = (2 * K + 64) / 16;  // uint4s a row
-    const size_t wbytes = (size_t)b.rows * pitch * 16;
-    uint4 *xs = reinterpret_cast<uint4 *>(smem + (wbytes + 127) / 128 * 128);
-    float *part = reinterpret_cast<float *>(xs + K / 8);
-    for (size_t i = threadIdx.x; i < wbytes / 16 + K / 8; i += blockDim.x) {
-        const unsigned h = (unsigned)i * 2654435761u;
-        const uint32_t w = 0x3c003c00u ^ (h & 0x007f007fu);
-        if (i < wbytes / 16) reinterpret_cast<uint4 *>(smem)[i] = make_uint4(w, w, w, w);
-        else xs[i - wbytes / 16] = make_uint4(w, w, w, w);
-    }
-    __syncthreads();
-    unsigned long long c_sum = 0, t_sum = 0;
-    for (int r = 0; r < WARM + REPS; r++) {
-        const unsigned long long c0 = clock64(), t0 = globaltimer();
-        gemv_mma<1, NW>(b, K, pitch, xs, out, N, part);
-        csync<NW>::sync();
-        const unsigned long long c1 = clock64(), t1 = globaltimer();
-        if (r >= WARM) c_sum += c1 - c0, t_sum += t1 - t0;
-    }
-    if (blockIdx.x == 0 && threadIdx.x == 0) result[0] = c_sum, result[1] = t_sum, result[2] = (unsigned long long)b.rows;
-}
-
+// Version 3 (mk::gemv_mma, the tensor-core GEMV) alone: its own bits (not
+// version 1's), so only its time is printed.
 template <int NW>
 static int run_mma(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms) {
     int S, per;
     gemv_mma_split(K, &S, &per);
     const size_t rows = share_bytes(N, K, sms) / 2 / K, tiles = (rows + 15) / 16;
     const size_t smem = (rows * (2 * K + 64) + 127) / 128 * 128 + (size_t)K * 2 + tiles * S * 16 * sizeof(float) + 256;
-    CK(cudaFuncSetAttribute(gemv_alone_mma<NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    gemv_alone_mma<NW><<<sms, 32 * NW, smem>>>(N, K, out, d_res);
+    CK(cudaFuncSetAttribute(gemv_alone<NW, 1, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    gemv_alone<NW, 1, 3><<<sms, 32 * NW, smem>>>(N, K, 0, out, d_res);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     unsigned long long r[3];
