@@ -44,18 +44,56 @@ struct grid_barrier_block_sync {
     static __device__ __forceinline__ void sync() { __syncthreads(); }
 };
 
+// Thread 0's half of barrier i, split so that a kernel can act between the
+// two (every thread counts the epoch alike; only thread 0 calls these).
+// The arrival: returns the count that means every block has arrived.
+__device__ __forceinline__ unsigned grid_barrier_arrive(const grid_barrier_t *b) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(b->count) : "memory");
+    return b->epoch * gridDim.x;
+}
+
+// The wait: one acquire load at a time until the count is reached.
+__device__ __forceinline__ void grid_barrier_wait(const grid_barrier_t *b, unsigned target) {
+    unsigned v;
+    do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(b->count) : "memory");
+    } while (v < target);
+}
+
+// The wait with K polls in flight, issued `spacing` clock cycles apart
+// (relaxed loads, then one acquire fence once a load has seen the count:
+// the fence after a strong read that observed the release synchronizes
+// with it). One poll at a time notices the last arrival about a round trip
+// to L2 after it lands, on average; K staggered polls, about half a round
+// trip plus a K-th of one.
+template <int K>
+__device__ __forceinline__ void grid_barrier_wait_pipelined(const grid_barrier_t *b, unsigned target,
+                                                            unsigned spacing) {
+    unsigned v[K];
+#pragma unroll
+    for (int i = 0; i < K; i++) {
+        if (i > 0) {
+            const long long t0 = clock64();
+            while (clock64() - t0 < (long long)spacing) {
+            }
+        }
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v[i]) : "l"(b->count) : "memory");
+    }
+    for (bool done = false; !done;) {
+#pragma unroll
+        for (int i = 0; i < K; i++) {
+            if (!done && v[i] >= target) done = true;
+            if (!done) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v[i]) : "l"(b->count) : "memory");
+        }
+    }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 template <class Sync = grid_barrier_block_sync>
 __device__ __forceinline__ void grid_barrier_sync(grid_barrier_t *b) {
     Sync::sync();
     b->epoch++;
-    if (threadIdx.x == 0) {
-        const unsigned target = b->epoch * gridDim.x;
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(b->count) : "memory");
-        unsigned v;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(b->count) : "memory");
-        } while (v < target);
-    }
+    if (threadIdx.x == 0) grid_barrier_wait(b, grid_barrier_arrive(b));
     Sync::sync();
 }
 

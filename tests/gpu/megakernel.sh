@@ -93,7 +93,11 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
-# g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm.
+# g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
+# d1 / d2 the weights' refills held back until the block has arrived at / passed the grid barrier
+# after the phase that released their buffer (MV_MEGAKERNEL_DEFER), d26 only the refills of o_proj and
+# gate_up (the two with a whole phase or more to spare), d2r8 d2 with 8 copies in flight; p4 four
+# polls of each grid barrier in flight (MV_MEGAKERNEL_POLL).
 variant_env() {
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
@@ -102,6 +106,11 @@ variant_env() {
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
+    d1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=1 ;;
+    d2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2 ;;
+    d26) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2:6 ;;
+    d2r8) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2 MV_MEGAKERNEL_RING=8 ;;
+    p4) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_POLL=4 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
