@@ -141,11 +141,12 @@ struct params {
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
     unsigned pad;                    // bytes after each row of W in shared memory (GEMV version 3: 64)
-    // Experiments (MV_MEGAKERNEL_DEFER, MV_MEGAKERNEL_POLL; 0 / 0 / 1: the default kernel):
-    int defer;                       // 0, or 1 / 2: a refill waits for the block's arrival at / passage of
-    unsigned defer_mask;             // the grid barrier after the phase that released its buffer (bit j: projection j)
-    int poll;                        // polls of a grid barrier in flight (1: one acquire load at a time)
-    unsigned poll_spacing;           // clock cycles between the first polls
+    // When the producer may start a refill (MV_MEGAKERNEL_GATES): gated 0,
+    // as soon as the consumers release the buffer; 1, also not before the
+    // block's thread 0 has arrived at the grid barrier after phase slot
+    // 7 l + gate[j] (see barrier_slot) for projection j of layer l.
+    int gated;
+    int gate[4];
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -169,11 +170,18 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
 // neither side can get two fills ahead of the other. The ring[] of barriers
 // (the bulk copies' transaction counts) paces the copies.
 enum { BAR_RING = 0, BAR_FULL = MAX_RING, BAR_EMPTY = MAX_RING + 2, BAR_NORM = MAX_RING + 4, NUM_BARS = MAX_RING + 6 };
-// After the mbarriers, one more 8-byte word: two counters of the grid
-// barriers that follow a projection (the GEMV phases), gate[0] thread 0's
-// arrivals at them, gate[1] its passages; written by thread 0 alone and read
-// by the producer when MV_MEGAKERNEL_DEFER holds its refills back.
-enum { GATE_WORDS = 1 };
+// After the mbarriers, one more 8-byte word: the slot + 1 of the last grid
+// barrier thread 0 has arrived at (a layer's phases numbered 0 qkv, 1 q/k
+// norm + RoPE, 2 attention pieces, 3 their reduction, 4 o_proj, 5 gate_up,
+// 6 down; slot 7 l + phase), written by thread 0 alone and read by the
+// producer, which starts a refill only once its gate's barrier has been
+// reached (params::gate).
+enum { GATE_WORDS = 1, PHASE_SLOTS = 7 };
+// The default gates: each refill starts once thread 0 has arrived at the
+// grid barrier after the phase that released its buffer, not at the
+// release itself (qkv after the last layer's gate_up, o_proj after its
+// down, gate_up after qkv, down after o_proj).
+#define MEGAKERNEL_GATES_DEFAULT "-2,-1,0,4"
 
 // A buffer as the consumers see it: which rows it holds now, and how many
 // fills of it they have read.
@@ -216,11 +224,9 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
             if (fills[buf] > 0) {
                 mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
-                // Projection g = 4l + j refills the buffer of projection g - 2, whose
-                // phase ends at the (g - 1)-th barrier after a projection.
-                if (p.defer && (p.defer_mask >> j & 1u)) {
-                    const volatile unsigned *gate = reinterpret_cast<const volatile unsigned *>(bars + NUM_BARS);
-                    while (gate[p.defer - 1] < (unsigned)(4 * l + j - 1)) __nanosleep(32);
+                if (p.gated) {
+                    const volatile int *arrived = reinterpret_cast<const volatile int *>(bars + NUM_BARS);
+                    while (*arrived < PHASE_SLOTS * l + p.gate[j] + 1) __nanosleep(32);
                 }
             }
             int row0, rows;
@@ -798,11 +804,11 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // The grid barrier, and with a timeline the times around it (the profile
 // of decode_megakernel.h: each block's arrival, once all its threads are
 // there, into the barrier's max; block 0's departure).
-// After a projection's phase (gate not NULL) thread 0 also counts its
-// arrival and its passage in gate[0] and gate[1] (MV_MEGAKERNEL_DEFER).
+// Thread 0 records its arrival in *arrived (slot + 1, the phase slot the
+// barrier ends) right after its release, for the producer's gates.
 template <int NW>
-__device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl, const params &p,
-                                        volatile unsigned *gate = NULL) {
+__device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl, volatile int *arrived,
+                                        int slot) {
     if (tl) {
         csync<NW>::sync();
         if (threadIdx.x == 0) atomicMax(&tl[2 * gb->epoch], globaltimer());
@@ -811,14 +817,8 @@ __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *
     gb->epoch++;
     if (threadIdx.x == 0) {
         const unsigned target = grid_barrier_arrive(gb);
-        if (gate) gate[0]++;
-        switch (p.poll) {
-        case 2: grid_barrier_wait_pipelined<2>(gb, target, p.poll_spacing); break;
-        case 4: grid_barrier_wait_pipelined<4>(gb, target, p.poll_spacing); break;
-        case 8: grid_barrier_wait_pipelined<8>(gb, target, p.poll_spacing); break;
-        default: grid_barrier_wait(gb, target);
-        }
-        if (gate) gate[1]++;
+        *arrived = slot + 1;
+        grid_barrier_wait(gb, target);
     }
     csync<NW>::sync();
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[2 * (gb->epoch - 1) + 1] = globaltimer();
@@ -848,8 +848,8 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY ? CONSUMERS : 1);
-    volatile unsigned *gate = reinterpret_cast<volatile unsigned *>(bars + NUM_BARS);
-    if (threadIdx.x == 0) gate[0] = gate[1] = 0u;
+    volatile int *arrived = reinterpret_cast<volatile int *>(bars + NUM_BARS);
+    if (threadIdx.x == 0) *arrived = 0;
     __syncthreads();
     if (threadIdx.x >= CONSUMERS) {  // the producer warp's lane 0; its other lanes are done
         if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
@@ -884,21 +884,21 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
-        barrier<NW>(&gb, tl, p, gate);
+        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 0);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
             attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
-            barrier<NW>(&gb, tl, p);
+            barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 1);
             // 3. attention
             attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
         }
-        barrier<NW>(&gb, tl, p);
+        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 2);
         if (p.num_splits > 1) {
             attention_reduce<D, NW>(p, MT);
-            barrier<NW>(&gb, tl, p);
+            barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 3);
         }
         // 5. o_proj
         stage<NW>(xs, a.attn, MT * p.qn / 8);
@@ -910,7 +910,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
-        barrier<NW>(&gb, tl, p, gate);
+        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 4);
         // 6. post-attention norm, gate_up
         norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs,
                           NULL, H, eps, ns);
@@ -923,7 +923,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
-        barrier<NW>(&gb, tl, p, gate);
+        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 5);
         // 7. SiluAndMul, down
         stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
@@ -934,7 +934,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
-        barrier<NW>(&gb, tl, p, gate);
+        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 6);
     }
     // The final norm; block 0 writes the normed rows.
     norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
@@ -1109,31 +1109,27 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (r < 1 || r > mk::MAX_RING) NOPE("MV_MEGAKERNEL_RING=%s (1 to %d)", ring, mk::MAX_RING);
     p.chunk = (unsigned)c;
     p.ring = (int)r;
-    // Experiments on the grid barriers that follow the projections:
-    // MV_MEGAKERNEL_DEFER=MODE[:MASK], the producer's refill of projection j
-    // (bit j of MASK, default 15: all four) held back until the block's
-    // thread 0 has arrived at (MODE 1) or passed (MODE 2) the barrier after
-    // the phase that released its buffer; MV_MEGAKERNEL_POLL=K[:CYCLES], K
-    // polls of each barrier in flight (1, 2, 4 or 8), CYCLES apart (default 400).
-    const char *defer = getenv("MV_MEGAKERNEL_DEFER"), *poll = getenv("MV_MEGAKERNEL_POLL");
-    p.defer = 0;
-    p.defer_mask = 15u;
-    if (defer) {
-        char *end = NULL;
-        p.defer = (int)strtol(defer, &end, 10);
-        if (end && *end == ':') p.defer_mask = (unsigned)strtoul(end + 1, &end, 10);
-        if (end == defer || !end || *end || p.defer < 0 || p.defer > 2 || p.defer_mask > 15u)
-            NOPE("MV_MEGAKERNEL_DEFER=%s (MODE 0, 1 or 2, then optionally :MASK of 0 to 15)", defer);
-    }
-    p.poll = 1;
-    p.poll_spacing = 400u;
-    if (poll) {
-        char *end = NULL;
-        p.poll = (int)strtol(poll, &end, 10);
-        if (end && *end == ':') p.poll_spacing = (unsigned)strtoul(end + 1, &end, 10);
-        if (end == poll || !end || *end || (p.poll != 1 && p.poll != 2 && p.poll != 4 && p.poll != 8) ||
-            p.poll_spacing > 100000u)
-            NOPE("MV_MEGAKERNEL_POLL=%s (1, 2, 4 or 8 polls, then optionally :CYCLES up to 100000)", poll);
+    // When the producer may start each refill: MV_MEGAKERNEL_GATES=Q,O,G,D
+    // (qkv_proj, o_proj, gate_up_proj, down_proj), the phase slot, counted
+    // from the projection's own layer (0 qkv .. 6 down, negative: the layer
+    // before), whose grid barrier thread 0 must have reached first; "off":
+    // as soon as the buffer is free. Each must come before the phase that
+    // reads the projection, or the kernel would wait for itself.
+    const char *gates = getenv("MV_MEGAKERNEL_GATES");
+    p.gated = 0;
+    if (!gates) gates = MEGAKERNEL_GATES_DEFAULT;
+    if (strcmp(gates, "off")) {
+        const int most[4] = {-1, 3, 4, 5};
+        const char *q = gates;
+        for (int j = 0; j < 4; j++) {
+            char *end = NULL;
+            const long v = strtol(q, &end, 10);
+            if (end == q || v < -7 || v > most[j] || (j < 3 ? *end != ',' : *end != 0))
+                NOPE("MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -7 up to -1, 3, 4, 5)", gates);
+            p.gate[j] = (int)v;
+            q = end + 1;
+        }
+        p.gated = 1;
     }
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,

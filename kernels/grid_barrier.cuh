@@ -60,35 +60,6 @@ __device__ __forceinline__ void grid_barrier_wait(const grid_barrier_t *b, unsig
     } while (v < target);
 }
 
-// The wait with K polls in flight, issued `spacing` clock cycles apart
-// (relaxed loads, then one acquire fence once a load has seen the count:
-// the fence after a strong read that observed the release synchronizes
-// with it). One poll at a time notices the last arrival about a round trip
-// to L2 after it lands, on average; K staggered polls, about half a round
-// trip plus a K-th of one.
-template <int K>
-__device__ __forceinline__ void grid_barrier_wait_pipelined(const grid_barrier_t *b, unsigned target,
-                                                            unsigned spacing) {
-    unsigned v[K];
-#pragma unroll
-    for (int i = 0; i < K; i++) {
-        if (i > 0) {
-            const long long t0 = clock64();
-            while (clock64() - t0 < (long long)spacing) {
-            }
-        }
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v[i]) : "l"(b->count) : "memory");
-    }
-    for (bool done = false; !done;) {
-#pragma unroll
-        for (int i = 0; i < K; i++) {
-            if (!done && v[i] >= target) done = true;
-            if (!done) asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v[i]) : "l"(b->count) : "memory");
-        }
-    }
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
 template <class Sync = grid_barrier_block_sync>
 __device__ __forceinline__ void grid_barrier_sync(grid_barrier_t *b) {
     Sync::sync();

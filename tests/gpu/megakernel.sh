@@ -94,10 +94,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
-# d1 / d2 the weights' refills held back until the block has arrived at / passed the grid barrier
-# after the phase that released their buffer (MV_MEGAKERNEL_DEFER), d26 only the refills of o_proj and
-# gate_up (the two with a whole phase or more to spare), d2r8 d2 with 8 copies in flight; p4 four
-# polls of each grid barrier in flight (MV_MEGAKERNEL_POLL).
+# gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES).
 variant_env() {
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
@@ -106,21 +103,19 @@ variant_env() {
     mk0) echo MV_MEGAKERNEL=0 ;;
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
-    d1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=1 ;;
-    d2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2 ;;
-    d26) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2:6 ;;
-    d2r8) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_DEFER=2 MV_MEGAKERNEL_RING=8 ;;
-    p4) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_POLL=4 ;;
+    gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
+# A variant's name in file names (gates=-2,-1,0,4 -> gates_-2_-1_0_4).
+vname() { echo "$1" | tr '=,:' '___'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     e=$(variant_env "$v") || exit 2
     bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
     echo "=================== one stream, $v: $e (round $round)"
     env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
-      --repeat 3 --json "$OUT/09-engine.$v.single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
+      --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
   done
 done
 for v in ${PROFILES:-mk1}; do
@@ -129,7 +124,7 @@ for v in ${PROFILES:-mk1}; do
   bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
   echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
   env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
-    --output-len 256 --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.$v.txt"
+    --output-len 256 --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.$(vname "$v").txt"
 done
 # SWEEP="CHUNK:RING[:WARPS] ...": the producer's pacing (bytes a copy : copies in flight) and
 # the consumer warps (MV_MEGAKERNEL_WARPS; default the kernel's), one stream each, with the profile.
