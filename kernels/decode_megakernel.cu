@@ -143,8 +143,8 @@ struct params {
     unsigned pad;                    // bytes after each row of W in shared memory (GEMV version 3: 64)
     // When the producer may start a refill (MV_MEGAKERNEL_GATES): gated 0,
     // as soon as the consumers release the buffer; 1, also not before the
-    // block's thread 0 has arrived at the grid barrier after phase slot
-    // 7 l + gate[j] (see barrier_slot) for projection j of layer l.
+    // block's thread 0 has arrived at the grid barrier that ends phase slot
+    // PHASE_SLOTS l + gate[j], for projection j of layer l.
     int gated;
     int gate[4];
 };
@@ -169,19 +169,32 @@ __device__ __forceinline__ void share(int N, int *row0, int *rows) {
 // refills it. The k-th fill of a buffer is phase k of both (parity k & 1):
 // neither side can get two fills ahead of the other. The ring[] of barriers
 // (the bulk copies' transaction counts) paces the copies.
-enum { BAR_RING = 0, BAR_FULL = MAX_RING, BAR_EMPTY = MAX_RING + 2, BAR_NORM = MAX_RING + 4, NUM_BARS = MAX_RING + 6 };
-// After the mbarriers, one more 8-byte word: the slot + 1 of the last grid
-// barrier thread 0 has arrived at (a layer's phases numbered 0 qkv, 1 q/k
-// norm + RoPE, 2 attention pieces, 3 their reduction, 4 o_proj, 5 gate_up,
-// 6 down; slot 7 l + phase), written by thread 0 alone and read by the
-// producer, which starts a refill only once its gate's barrier has been
-// reached (params::gate).
-enum { GATE_WORDS = 1, PHASE_SLOTS = 7 };
-// The default gates: each refill starts once thread 0 has arrived at the
-// grid barrier after the phase that released its buffer, not at the
-// release itself (qkv after the last layer's gate_up, o_proj after its
-// down, gate_up after qkv, down after o_proj).
-#define MEGAKERNEL_GATES_DEFAULT "-2,-1,0,4"
+//
+// The gates (params::gate): gate[j], of one arrival, thread 0 arrives at
+// once it has arrived at the grid barrier that ends the phase named for
+// projection j's refill, and the producer waits on before it starts that
+// refill. A layer's phases are numbered 0 qkv, 1 q/k norm + RoPE, 2
+// attention pieces, 3 their reduction, 4 o_proj, 5 gate_up, 6 down; phase k
+// of layer l is slot PHASE_SLOTS l + k. Each gate's k-th fill is phase k of
+// its barrier, as with full and empty: a gate's next arrival comes after
+// the phase that reads its projection, which needs the refill it opened.
+enum {
+    BAR_RING = 0,
+    BAR_FULL = MAX_RING,
+    BAR_EMPTY = MAX_RING + 2,
+    BAR_NORM = MAX_RING + 4,
+    BAR_GATE = MAX_RING + 6,
+    NUM_BARS = MAX_RING + 10
+};
+enum { PHASE_SLOTS = 7 };
+// The default gates: no refill starts before thread 0 has arrived at the
+// grid barrier after the phase that released its buffer (a copy in flight
+// there holds the barrier's release back, about 0.8 us), and two wait one
+// phase more: qkv after the layer before's gate_up (its release), o_proj
+// after qkv (not while the qkv phase stages its norm), gate_up after the
+// attention pieces (not while they read the KV cache), down after o_proj
+// (its release). Chosen on an H100 (docs/perf-notes.md, runs 69 and 70).
+#define MEGAKERNEL_GATES_DEFAULT "-2,0,2,4"
 
 // A buffer as the consumers see it: which rows it holds now, and how many
 // fills of it they have read.
@@ -224,10 +237,9 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
             if (fills[buf] > 0) {
                 mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
-                if (p.gated) {
-                    const volatile int *arrived = reinterpret_cast<const volatile int *>(bars + NUM_BARS);
-                    while (*arrived < PHASE_SLOTS * l + p.gate[j] + 1) __nanosleep(32);
-                }
+                // The gate's fills so far: one a layer, from layer 0 for gate_up and
+                // down, from layer 1 for qkv and o_proj (their layer 0 fills are first).
+                if (p.gated) mbar_wait(bars + BAR_GATE + j, (unsigned)(j >= 2 ? l : l - 1) & 1u);
             }
             int row0, rows;
             share(N, &row0, &rows);
@@ -804,11 +816,13 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // The grid barrier, and with a timeline the times around it (the profile
 // of decode_megakernel.h: each block's arrival, once all its threads are
 // there, into the barrier's max; block 0's departure).
-// Thread 0 records its arrival in *arrived (slot + 1, the phase slot the
-// barrier ends) right after its release, for the producer's gates.
+// The barrier that ends phase slot `slot`: right after its release, thread
+// 0 opens the gates that name this slot (a refill of layer l < L; qkv's and
+// o_proj's from layer 1), so that the producer's copies start once the
+// release has gone out, not while it waits for them.
 template <int NW>
-__device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl, volatile int *arrived,
-                                        int slot) {
+__device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *tl, const params &p,
+                                        uint64_t *bars, int slot) {
     if (tl) {
         csync<NW>::sync();
         if (threadIdx.x == 0) atomicMax(&tl[2 * gb->epoch], globaltimer());
@@ -817,7 +831,13 @@ __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *
     gb->epoch++;
     if (threadIdx.x == 0) {
         const unsigned target = grid_barrier_arrive(gb);
-        *arrived = slot + 1;
+        if (p.gated)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int d = slot - p.gate[j], l = d / PHASE_SLOTS;
+                if (d >= 0 && d % PHASE_SLOTS == 0 && l < p.a.num_layers && (j >= 2 || l >= 1))
+                    mbar_arrive(bars + BAR_GATE + j);
+            }
         grid_barrier_wait(gb, target);
     }
     csync<NW>::sync();
@@ -847,9 +867,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
-        for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY ? CONSUMERS : 1);
-    volatile int *arrived = reinterpret_cast<volatile int *>(bars + NUM_BARS);
-    if (threadIdx.x == 0) *arrived = 0;
+        for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY && i < BAR_GATE ? CONSUMERS : 1);
     __syncthreads();
     if (threadIdx.x >= CONSUMERS) {  // the producer warp's lane 0; its other lanes are done
         if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
@@ -884,21 +902,21 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
-        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 0);
+        barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 0);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
             attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
-            barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 1);
+            barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 1);
             // 3. attention
             attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
         }
-        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 2);
+        barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 2);
         if (p.num_splits > 1) {
             attention_reduce<D, NW>(p, MT);
-            barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 3);
+            barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 3);
         }
         // 5. o_proj
         stage<NW>(xs, a.attn, MT * p.qn / 8);
@@ -910,7 +928,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
-        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 4);
+        barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 4);
         // 6. post-attention norm, gate_up
         norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(ly.post_norm), res[(fused + 1) % 2], xs,
                           NULL, H, eps, ns);
@@ -923,7 +941,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
-        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 5);
+        barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 5);
         // 7. SiluAndMul, down
         stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
@@ -934,7 +952,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
-        barrier<NW>(&gb, tl, arrived, PHASE_SLOTS * l + 6);
+        barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 6);
     }
     // The final norm; block 0 writes the normed rows.
     norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
@@ -1098,7 +1116,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_x = p.off_b + round128(bytes_b);
     p.off_part = p.off_x + round128(bytes_x);
     p.off_bar = p.off_part + round128(part_floats * sizeof(float));
-    pl->smem = p.off_bar + sizeof(uint64_t) * (mk::NUM_BARS + mk::GATE_WORDS);
+    pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     // Padded rows (GEMV version 3) go a row at a time (2 to 6 KB for
     // Qwen3-0.6B): 2 KB copies, 8 in flight, the 16 KB of 4 KB x 4.
@@ -1119,13 +1137,19 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.gated = 0;
     if (!gates) gates = MEGAKERNEL_GATES_DEFAULT;
     if (strcmp(gates, "off")) {
-        const int most[4] = {-1, 3, 4, 5};
+        // Projection j is read in phase 0, 4, 5, 6: its gate comes before that
+        // phase and after the same phase of the layer before.
+        const int reads[4] = {0, 4, 5, 6};
         const char *q = gates;
         for (int j = 0; j < 4; j++) {
             char *end = NULL;
             const long v = strtol(q, &end, 10);
-            if (end == q || v < -7 || v > most[j] || (j < 3 ? *end != ',' : *end != 0))
-                NOPE("MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -7 up to -1, 3, 4, 5)", gates);
+            if (end == q || v < reads[j] - 6 || v >= reads[j] || (j < 3 ? *end != ',' : *end != 0))
+                NOPE("MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -6, -2, -1, 0 up to -1, 3, 4, 5)",
+                     gates);
+            const int phase = (int)((v % mk::PHASE_SLOTS + mk::PHASE_SLOTS) % mk::PHASE_SLOTS);
+            if ((phase == 1 && p.fused_rope) || (phase == 3 && p.num_splits <= 1))
+                NOPE("MV_MEGAKERNEL_GATES=%s names phase %d, which these steps do not have", gates, phase);
             p.gate[j] = (int)v;
             q = end + 1;
         }
