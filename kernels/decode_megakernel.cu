@@ -125,16 +125,6 @@ struct team_sync {
     static __device__ __forceinline__ void sync() {
         asm volatile("bar.sync %0, %1;" ::"r"(2 + (int)threadIdx.x / DEC_THREADS), "n"((int)DEC_THREADS) : "memory");
     }
-    // The same barrier, and whether any of the team's threads passed true.
-    static __device__ __forceinline__ bool any(bool v) {
-        unsigned r;
-        asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbar.red.or.pred q, %2, %3, p;\n\t"
-                     "selp.u32 %0, 1, 0, q;\n\t}"
-                     : "=r"(r)
-                     : "r"((unsigned)v), "r"(2 + (int)threadIdx.x / DEC_THREADS), "n"((int)DEC_THREADS)
-                     : "memory");
-        return r != 0;
-    }
 };
 
 struct params {
@@ -157,7 +147,6 @@ struct params {
     // PHASE_SLOTS l + gate[j], for projection j of layer l.
     int gated;
     int gate[4];
-    int reduce_in_pieces;            // 1: the split attention's last piece of a head group reduces it (no phase 3)
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -742,44 +731,6 @@ struct rope_prep {
 
 // ---- attention (chapter 07's decode pieces and reduction) --------------------------------
 
-// The reduction inside the pieces (MV_MEGAKERNEL_REDUCE=pieces): each
-// piece that wrote its sums counts itself done in its (row, head group)'s
-// counter (a->barrier from MEGAKERNEL_PIECE_COUNTS), and the piece that
-// counts last, having seen every other piece's count, reduces the group's
-// G heads itself with chapter 07's decode_reduce_one, the reduction
-// phase's own function: the same bits, and phase 4 and its grid barrier
-// are gone. Its counter goes back to 0 for the next layer. The order: the
-// team's sums, then a team barrier, then its leader's fence and count (a
-// release), and the last leader's fence after its count (an acquire)
-// before the team reads the others' sums through L2.
-template <int D, int G>
-__device__ __forceinline__ void reduce_if_last(const params &p, int bx, int s, int split, const float *ws_o,
-                                               const float *ws_ml) {
-    const megakernel_args_t &a = p.a;
-    const int nq = a.num_heads, nkv = a.num_kv_heads, tid = threadIdx.x % DEC_THREADS;
-    const int ctx = a.context_lens[s], len = decode_piece_len(p.split_len, ctx, p.num_splits);
-    const int used = ctx <= 0 ? 0 : min(p.num_splits, (ctx + len - 1) / len);
-    if (split >= used) return;  // a piece without keys wrote nothing (the whole team alike)
-    bool last = false;
-    if (tid == 0) {
-        unsigned *count = a.barrier + MEGAKERNEL_PIECE_COUNTS + (long long)s * nkv * p.groups_per_kv + bx;
-        __threadfence();
-        last = atomicAdd(count, 1u) == (unsigned)used - 1u;
-        if (last) {
-            *count = 0u;
-            __threadfence();
-        }
-    }
-    if (!team_sync::any(last)) return;
-    const int h0 = bx / p.groups_per_kv * (nq / nkv) + bx % p.groups_per_kv * G;
-#pragma unroll
-    for (int g = 0; g < G; g++)
-        if (tid < D)
-            decode_reduce_one<dec_ld_cg>(h0 + g, s, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
-                                         a.context_lens, nq, D, p.num_splits, p.split_len);
-}
-
-
 // The pieces (kv head group, row, piece) go to the teams of DEC_THREADS
 // threads: team 0 of every block first, then team 1, ...; each team has its
 // own combine buffer (dec_piece_smem_floats) and named barrier.
@@ -803,7 +754,6 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
                                                     reinterpret_cast<const bf16 *>(a.qkv), p.qkv_n, kv, nq, nkv,
                                                     p.scale_log2, p.num_splits, p.split_len, ws_o, ws_ml, prep);
         team_sync::sync();  // sm is the team's next piece's
-        if (p.num_splits > 1 && p.reduce_in_pieces) reduce_if_last<D, G>(p, bx, s, split, ws_o, ws_ml);
     }
 }
 
@@ -964,7 +914,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
             attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
         }
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 2);
-        if (p.num_splits > 1 && !p.reduce_in_pieces) {
+        if (p.num_splits > 1) {
             attention_reduce<D, NW>(p, MT);
             barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 3);
         }
@@ -1183,12 +1133,6 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // before), whose grid barrier thread 0 must have reached first; "off":
     // as soon as the buffer is free. Each must come before the phase that
     // reads the projection, or the kernel would wait for itself.
-    // The split attention's reduction: by the last piece of each head group
-    // (MV_MEGAKERNEL_REDUCE=pieces, the default) or as a phase of its own
-    // (=phase, for comparison).
-    const char *red = getenv("MV_MEGAKERNEL_REDUCE");
-    if (red && strcmp(red, "pieces") && strcmp(red, "phase")) NOPE("MV_MEGAKERNEL_REDUCE=%s (pieces or phase)", red);
-    p.reduce_in_pieces = !(red && !strcmp(red, "phase"));
     const char *gates = getenv("MV_MEGAKERNEL_GATES");
     p.gated = 0;
     if (!gates) gates = MEGAKERNEL_GATES_DEFAULT;
@@ -1204,7 +1148,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
                 NOPE("MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -6, -2, -1, 0 up to -1, 3, 4, 5)",
                      gates);
             const int phase = (int)((v % mk::PHASE_SLOTS + mk::PHASE_SLOTS) % mk::PHASE_SLOTS);
-            if ((phase == 1 && p.fused_rope) || (phase == 3 && (p.num_splits <= 1 || p.reduce_in_pieces)))
+            if ((phase == 1 && p.fused_rope) || (phase == 3 && p.num_splits <= 1))
                 NOPE("MV_MEGAKERNEL_GATES=%s names phase %d, which these steps do not have", gates, phase);
             p.gate[j] = (int)v;
             q = end + 1;
@@ -1268,7 +1212,7 @@ extern "C" int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStr
         !a->block_tables)
         return mv_error("decode_megakernel_cuda: a null pointer");
     if (CUDA_TRY(cudaFuncSetAttribute((const void *)pl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem)) ||
-        CUDA_TRY(cudaMemsetAsync(a->barrier, 0, sizeof(unsigned) * MEGAKERNEL_BARRIER_WORDS(M, a->num_heads), stream)) ||
+        CUDA_TRY(cudaMemsetAsync(a->barrier, 0, sizeof(unsigned), stream)) ||
 
         (a->timeline && CUDA_TRY(cudaMemsetAsync(a->timeline, 0,
                                                  sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_WORDS(a->num_layers),

@@ -84,7 +84,7 @@ typedef struct {
     bf16_t *residual, *residual2, *hidden_out, *qkv, *attn, *x, *gate_up;
     float *attn_ws;                       // the split decode's pieces
     size_t attn_ws_bytes;
-    unsigned *barrier;                    // [MEGAKERNEL_BARRIER_WORDS(8, num_heads)], zeroed by decode_megakernel_cuda
+    unsigned *barrier;                    // one counter, zeroed by decode_megakernel_cuda
     // NULL, or [MEGAKERNEL_TIMELINE_WORDS] for a profile of the step: for
     // barrier i, [2i] the last block's arrival and [2i + 1] block 0's
     // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start,
@@ -93,13 +93,6 @@ typedef struct {
     // then the marks inside the projections (MEGAKERNEL_TIMELINE_MARK).
     unsigned long long *timeline;
 } megakernel_args_t;
-
-// Words (unsigned) of a->barrier for steps of up to `rows` rows: the grid
-// barrier's counter, then, 128 bytes on, one count per (row, piece CTA's
-// query heads) of the attention pieces that have finished (the last one
-// reduces them): at most one per (row, query head).
-#define MEGAKERNEL_PIECE_COUNTS 32
-#define MEGAKERNEL_BARRIER_WORDS(rows, heads) (MEGAKERNEL_PIECE_COUNTS + (rows) * (heads))
 
 // Barriers a step of L layers passes at most (7 a layer), plus the start slot.
 #define MEGAKERNEL_TIMELINE_SLOTS(L) (7 * (L) + 2)

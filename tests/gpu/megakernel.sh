@@ -94,16 +94,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
-# gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES);
-# red=pieces|phase the split attention reduced by its last piece or in a phase (MV_MEGAKERNEL_REDUCE);
-# a+b both (gates=off+red=phase: the kernel before either).
+# gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES).
 variant_env() {
-  if [[ "$1" == *+* ]]; then  # a+b: both variants' settings
-    local part out=""
-    for part in ${1//+/ }; do out="$out $(variant_env "$part")" || return 1; done
-    echo $out
-    return 0
-  fi
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
     g2) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=2 ;;
@@ -112,12 +104,11 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
-    red=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red=}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
 # A variant's name in file names (gates=-2,-1,0,4 -> gates_-2_-1_0_4).
-vname() { echo "$1" | tr '=,:+' '____'; }
+vname() { echo "$1" | tr '=,:' '___'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     e=$(variant_env "$v") || exit 2

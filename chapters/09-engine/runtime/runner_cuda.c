@@ -224,7 +224,7 @@ typedef struct {
     int megakernel[DECODE_MAX_SIZES];     // 1: size k's graph runs it
     megakernel_layer_t *d_mk_layers;      // [L] the layers' pointers, on the device
     bf16_t *d_residual2;                  // [8, H] the megakernel's second residual buffer
-    unsigned *d_mk_barrier;               // its grid barrier's counter and the attention pieces' counts
+    unsigned *d_mk_barrier;               // its grid barrier's counter
     unsigned long long *d_mk_timeline;    // MV_MEGAKERNEL_PROFILE=1: the last step's barrier times
     // The tensor-parallel path only (NULL otherwise):
 #if MV_HAVE_NCCL
@@ -1026,8 +1026,7 @@ static int megakernel_prepare(model_runner_t *r) {
     size_t *sb = &r->scratch_bytes;
     if (dev_alloc((void **)&s->d_mk_layers, (size_t)L * sizeof *h, sb, "the megakernel's layer table") ||
         dev_alloc((void **)&s->d_residual2, (size_t)8 * H * sizeof(bf16_t), sb, "the megakernel's residual") ||
-        dev_alloc((void **)&s->d_mk_barrier, sizeof(unsigned) * MEGAKERNEL_BARRIER_WORDS(8, r->cfg.num_attention_heads), sb,
-                  "the megakernel's barrier") ||
+        dev_alloc((void **)&s->d_mk_barrier, 64, sb, "the megakernel's barrier") ||
         (getenv("MV_MEGAKERNEL_PROFILE") && !strcmp(getenv("MV_MEGAKERNEL_PROFILE"), "1") &&
          dev_alloc((void **)&s->d_mk_timeline, sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_WORDS(L), sb,
                    "the megakernel's profile")) ||
