@@ -30,10 +30,14 @@
  * A block's rows of a projection of N rows are row pairs p0 .. p1 - 1 of
  * N / 2, an equal share (15 or 16 pairs of qkv_proj's 2,048 on 132 SMs):
  * contiguous in the weight. The producer walks every projection of every
- * layer in the order the consumers take them, and refills a buffer as soon
- * as the consumers release it: A with gate_up while attention runs, with the
- * next layer's qkv during the down projection; B with down during the
- * post-attention norm, with the next o_proj during the next qkv. It copies
+ * layer in the order the consumers take them, and refills a buffer once the
+ * consumers have released it and its gate has opened: thread 0 has arrived
+ * at the grid barrier named for that refill (MEGAKERNEL_GATES_DEFAULT; a
+ * copy still in flight when thread 0 releases a barrier holds the release
+ * back). A is refilled with gate_up after the attention pieces, with the
+ * next layer's qkv after gate_up; B with down after o_proj, with the next
+ * o_proj after the next qkv (the arrows below: which buffer a phase frees,
+ * not when its refill starts). It copies
  * a share in pieces of 4 KB with at most 4 in flight (16 KB a block, 2 MB
  * GPU-wide): a whole share requested at once (up to 96 KB a block, 12.6 MB
  * GPU-wide) would sit in front of every later access of the SM, the grid

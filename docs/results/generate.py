@@ -709,6 +709,18 @@ def profile_at(lines, start):
     return rows, int(m.group(1)), float(m.group(2))
 
 
+def load_rounds(fmt, keys, txt=None):
+    """{(key, round): json} of fmt.format(k=key, r=round) for rounds 1 and 2, or None when a file (or txt) is missing."""
+    runs = {(k, r): load(fmt.format(k=k, r=r)) for k in keys for r in (1, 2)}
+    return runs if all(runs.values()) and (txt is None or os.path.exists(txt)) else None
+
+
+def one_stream_head(d):
+    """The start of a one-stream table's caption: the bench command, the GPU, the date and the commit of run d."""
+    return (f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
+            f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} ")
+
+
 def one_stream_cell(x):
     """A one-stream bench JSON as "median (min - max), TPOT ms"."""
     return (f"{x['output_tok_s']:,.0f} ({x['output_tok_s_min']:,.0f} - {x['output_tok_s_max']:,.0f}), "
@@ -722,8 +734,7 @@ def render_megakernel():
     if not all(runs.values()) or not os.path.exists(MEGAKERNEL_TXT):
         return None
     d = runs[1, 1]
-    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
-           f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
+    out = [one_stream_head(d) +
            f"(`tests/gpu/megakernel.sh`): the decode graphs of the unfused kernels (`MV_MEGAKERNEL=0`) and with the "
            f"megakernel (`MV_MEGAKERNEL=1`), alternated. Output tok/s, median of 3 (min - max), and the median time "
            f"per output token:",
@@ -778,12 +789,11 @@ def render_megakernel_rope():
     """The megakernel with q/k norm + RoPE + KV store inside its attention pieces (the default) and as a phase of
     their own (MV_MEGAKERNEL_FUSED_ROPE=0), alternated (json/09-engine.rope-pieces.{on,off}.{1,2}.json), and both
     profiles (docs/results/09-engine-megakernel-rope.txt)."""
-    runs = {(k, r): load(f"09-engine.rope-pieces.{k}.{r}.json") for k in ("on", "off") for r in (1, 2)}
-    if not all(runs.values()) or not os.path.exists(ROPE_TXT):
+    runs = load_rounds("09-engine.rope-pieces.{k}.{r}.json", ("on", "off"), ROPE_TXT)
+    if not runs:
         return None
     d = runs["on", 1]
-    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
-           f"--prompt-len 512 --output-len 256 --repeat 3` on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} "
+    out = [one_stream_head(d) +
            f"(`VARIANTS=\"mk1 fr0\" bash tests/gpu/megakernel.sh`): the megakernel with its q/k norm + RoPE + KV store "
            f"as a phase of their own (`MV_MEGAKERNEL_FUSED_ROPE=0`) and inside its attention pieces (the default), "
            f"alternated. Output tok/s, median of 3 (min - max), and the median time per output token:",
@@ -811,6 +821,60 @@ def render_megakernel_rope():
             out.append(f"| {label} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
     ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
     (wa, ba), (wb, bb) = ws(off), ws(on)
+    out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
+    return "\n".join(out) + "\n"
+
+
+GATES_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel-gates.txt")
+GATES = (("off", "off: each refill at its buffer's release (the kernel before)"),
+         ("default", "-2,0,2,4 (the default)"),
+         ("m2m104", "-2,-1,0,4: each refill at the barrier after its release"),
+         ("m30204", "-3,0,2,4: qkv at its release"),
+         ("m22204", "-2,2,2,4: o_proj after the pieces"),
+         ("m20304", "-2,0,3,4: gate_up after the reduction"))
+
+
+def run_block(lines, run):
+    """The lines of one run's block in a results .txt ('# Run N, ...' up to the next '# Run')."""
+    start = next(i for i, l in enumerate(lines) if l.startswith(f"# Run {run},"))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("# Run ")), len(lines))
+    return lines[start:end]
+
+
+def render_megakernel_gates():
+    """The producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES), one stream, six schedules
+    alternated, two rounds (json/09-engine.gates-NAME.single.{1,2}.json, run 71), and the profiles of the kernel
+    without gates and with the default ones (docs/results/09-engine-megakernel-gates.txt)."""
+    runs = load_rounds("09-engine.gates-{k}.single.{r}.json", [g for g, _ in GATES], GATES_TXT)
+    if not runs:
+        return None
+    d = runs["default", 1]
+    out = [one_stream_head(d) +
+           f"(run 71: `VARIANTS=\"gates=off mk1 gates=...\" bash tests/gpu/megakernel.sh`), each schedule of "
+           f"`MV_MEGAKERNEL_GATES=Q,O,G,D` (the phase whose barrier each refill waits for: qkv_proj, o_proj, "
+           f"gate_up_proj, down_proj; phases 0 qkv, 2 attention pieces, 3 their reduction, 4 o_proj, 5 gate_up, "
+           f"6 down, negative: the layer before) in turn, two rounds. Output tok/s, median of 3 (min - max), and "
+           f"the median time per output token:", "",
+           "| gates | round 1 | round 2 | against off |", "| --- | ---: | ---: | ---: |"]
+    off = sum(runs["off", r]["output_tok_s"] for r in (1, 2)) / 2
+    for g, label in GATES:
+        mean = sum(runs[g, r]["output_tok_s"] for r in (1, 2)) / 2
+        out.append(f"| {label} | {one_stream_cell(runs[g, 1])} | {one_stream_cell(runs[g, 2])} | "
+                   f"{100 * mean / off:.1f}% |")
+    block = run_block(open(GATES_TXT).read().splitlines(), 71)
+    prof = {}
+    for tag, key in (("gates=off", "off"), ("mk1", "default")):
+        i = next(i for i, l in enumerate(block) if f"MV_MEGAKERNEL_PROFILE=1, {tag}:" in l)
+        prof[key] = profile_at(block, i + 1)
+    (off_rows, n_off, us_off), (on_rows, n_on, us_on) = prof["off"], prof["default"]
+    out += ["", f"The profile of the last step of each (`MV_MEGAKERNEL_PROFILE=1`, the same run, "
+            f"docs/results/09-engine-megakernel-gates.txt): {n_off} grid barriers each, {us_off:,.1f} us to the last "
+            f"without gates and {us_on:,.1f} us with the default ones. The mean over the 28 layers, in us (work, then "
+            f"barrier):", "", "| phase | gates off | default gates |", "| --- | ---: | ---: |"]
+    for (name, a, b), (_, x, y) in zip(off_rows, on_rows):
+        out.append(f"| {name} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
+    ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
+    (wa, ba), (wb, bb) = ws(off_rows), ws(on_rows)
     out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
     return "\n".join(out) + "\n"
 
@@ -1173,6 +1237,9 @@ def blocks():
     rope = render_megakernel_rope()
     if rope:
         out["09-engine:megakernel-rope"] = ("09-engine.rope-pieces.on.1.json", rope)
+    gates = render_megakernel_gates()
+    if gates:
+        out["09-engine:megakernel-gates"] = ("09-engine.gates-default.single.1.json", gates)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
