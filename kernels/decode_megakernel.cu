@@ -197,7 +197,7 @@ enum { PHASE_SLOTS = 7 };
 // phase more: qkv after the layer before's gate_up (its release), o_proj
 // after qkv (not while the qkv phase stages its norm), gate_up after the
 // attention pieces (not while they read the KV cache), down after o_proj
-// (its release). Chosen on an H100 (docs/perf-notes.md, runs 69 and 70).
+// (its release). Chosen on an H100 (docs/perf-notes.md, runs 69 to 71).
 #define MEGAKERNEL_GATES_DEFAULT "-2,0,2,4"
 
 // A buffer as the consumers see it: which rows it holds now, and how many
@@ -817,11 +817,10 @@ __device__ __forceinline__ unsigned long long globaltimer() {
     return t;
 }
 
-// The grid barrier, and with a timeline the times around it (the profile
-// of decode_megakernel.h: each block's arrival, once all its threads are
-// there, into the barrier's max; block 0's departure).
-// The barrier that ends phase slot `slot`: right after its release, thread
-// 0 opens the gates that name this slot (a refill of layer l < L; qkv's and
+// The grid barrier that ends phase slot `slot`, and with a timeline the
+// times around it (the profile of decode_megakernel.h: each block's arrival,
+// once all its threads are there, into the barrier's max; block 0's
+// departure). Right after its release, thread 0 opens the gates that name this slot (a refill of layer l < L; qkv's and
 // o_proj's from layer 1), so that the producer's copies start once the
 // release has gone out, not while it waits for them.
 template <int NW>
@@ -1033,6 +1032,33 @@ static int gemv_version(int M) {
                ? LINEAR_GEMV_MMA : LINEAR_GEMV;
 }
 
+// When the producer may start each refill: MV_MEGAKERNEL_GATES=Q,O,G,D
+// (qkv_proj, o_proj, gate_up_proj, down_proj), the phase slot, counted from
+// the projection's own layer (0 qkv .. 6 down, negative: the layer before),
+// whose grid barrier thread 0 must have reached first; "off": as soon as the
+// buffer is free. Projection j is read in phase 0, 4, 5, 6: its gate must
+// come before that phase, or the kernel would wait for itself, and after the
+// same phase of the layer before, so that a gate never runs two fills ahead.
+extern "C" int decode_megakernel_gates(const char *value, int gate[4], int *gated, char *why, size_t why_len) {
+    if (!value) value = MEGAKERNEL_GATES_DEFAULT;
+    *gated = 0;
+    if (!strcmp(value, "off")) return 1;
+    const int reads[4] = {0, 4, 5, 6};
+    const char *q = value;
+    for (int j = 0; j < 4; j++) {
+        char *end = NULL;
+        const long v = strtol(q, &end, 10);
+        if (end == q || v < reads[j] - 6 || v >= reads[j] || (j < 3 ? *end != ',' : *end != 0))
+            return (snprintf(why, why_len,
+                             "MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -6, -2, -1, 0 up to -1, "
+                             "3, 4, 5)", value), 0);
+        gate[j] = (int)v;
+        q = end + 1;
+    }
+    *gated = 1;
+    return 1;
+}
+
 typedef struct {
     mk::params p;
     mk::kernel_fn fn;
@@ -1137,27 +1163,11 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // before), whose grid barrier thread 0 must have reached first; "off":
     // as soon as the buffer is free. Each must come before the phase that
     // reads the projection, or the kernel would wait for itself.
-    const char *gates = getenv("MV_MEGAKERNEL_GATES");
-    p.gated = 0;
-    if (!gates) gates = MEGAKERNEL_GATES_DEFAULT;
-    if (strcmp(gates, "off")) {
-        // Projection j is read in phase 0, 4, 5, 6: its gate comes before that
-        // phase and after the same phase of the layer before.
-        const int reads[4] = {0, 4, 5, 6};
-        const char *q = gates;
-        for (int j = 0; j < 4; j++) {
-            char *end = NULL;
-            const long v = strtol(q, &end, 10);
-            if (end == q || v < reads[j] - 6 || v >= reads[j] || (j < 3 ? *end != ',' : *end != 0))
-                NOPE("MV_MEGAKERNEL_GATES=%s (off, or four phase slots Q,O,G,D from -6, -2, -1, 0 up to -1, 3, 4, 5)",
-                     gates);
-            const int phase = (int)((v % mk::PHASE_SLOTS + mk::PHASE_SLOTS) % mk::PHASE_SLOTS);
-            if ((phase == 1 && p.fused_rope) || (phase == 3 && p.num_splits <= 1))
-                NOPE("MV_MEGAKERNEL_GATES=%s names phase %d, which these steps do not have", gates, phase);
-            p.gate[j] = (int)v;
-            q = end + 1;
-        }
-        p.gated = 1;
+    if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), p.gate, &p.gated, why, why_len)) return 0;
+    for (int j = 0; p.gated && j < 4; j++) {
+        const int phase = (p.gate[j] % mk::PHASE_SLOTS + mk::PHASE_SLOTS) % mk::PHASE_SLOTS;
+        if ((phase == 1 && p.fused_rope) || (phase == 3 && p.num_splits <= 1))
+            NOPE("MV_MEGAKERNEL_GATES names phase %d, which these steps do not have", phase);
     }
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,

@@ -109,6 +109,10 @@ typedef struct {
 int decode_megakernel_applies(const megakernel_args_t *a, const megakernel_layer_t *layer0, int M, char *why,
                               size_t why_len);
 
+// The megakernel's gates (MV_MEGAKERNEL_GATES; NULL: the default): 1 with
+// gate[4] and *gated set (0 for "off"), or 0 with the reason in why.
+int decode_megakernel_gates(const char *value, int gate[4], int *gated, char *why, size_t why_len);
+
 // The decoder layers and the final norm of a decode step of M rows (see
 // above), enqueued as a memset of the barrier counter and one cooperative
 // launch. Capturable into a CUDA graph. -1 with mv_error() on bad arguments.

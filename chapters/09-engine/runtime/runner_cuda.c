@@ -561,7 +561,8 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1), MV_LINEAR_GEMV (2 or 3): any other value is refused at
+// 1), MV_LINEAR_GEMV (2 or 3), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
@@ -582,6 +583,10 @@ static int check_switches(void) {
     if (att && strcmp(att, "3") && strcmp(att, "4"))
         return mv_error("MV_DECODE_ATTENTION=%s: it takes 3 or 4 (the decode attention version; default %d)", att,
                         ATTN_DECODE_FAST);
+    int gate[4], gated;
+    char why[160];
+    if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), gate, &gated, why, sizeof why))
+        return mv_error("%s", why);
     const char *gemv = getenv("MV_LINEAR_GEMV");
     if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3"))
         return mv_error("MV_LINEAR_GEMV=%s: it takes 2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the "
