@@ -24,7 +24,8 @@
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
 # BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
 # variant "base" runs its minivllm, for a before/after in one call.
-# Knobs: ROUNDS (the alternated one-stream rounds, 2), VARIANTS and PROFILES (below), LATENCY=0
+# Knobs: ROUNDS (the alternated one-stream rounds, 2), TWO=1 (each round also two streams), VARIANTS
+# and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
 # SKIP_CH07=1, CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
 # Leaves under $OUT: engine_check.txt, 09-engine.<variant>.single.<round>.json,
@@ -94,8 +95,16 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
-# gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES).
+# gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
+# red=phase|stage where the split attention is reduced (MV_MEGAKERNEL_REDUCE), pf=0|1 the producer's
+# KV prefetch (MV_MEGAKERNEL_PREFETCH_KV); A+B: both (red=stage+pf=1).
 variant_env() {
+  if [ "${1#*+}" != "$1" ]; then
+    local part all=
+    for part in ${1//+/ }; do all="$all $(variant_env "$part")" || return 1; done
+    echo $all
+    return 0
+  fi
   case "$1" in
     mk1|base) echo MV_MEGAKERNEL=1 ;;
     g2) echo MV_MEGAKERNEL=1 MV_LINEAR_GEMV=2 ;;
@@ -104,11 +113,13 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
+    red=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red=}" ;;
+    pf=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV="${1#pf=}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
 # A variant's name in file names (gates=-2,-1,0,4 -> gates_-2_-1_0_4).
-vname() { echo "$1" | tr '=,:' '___'; }
+vname() { echo "$1" | tr '=,:+' '____'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     e=$(variant_env "$v") || exit 2
@@ -116,6 +127,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     echo "=================== one stream, $v: $e (round $round)"
     env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
       --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
+    if [ "${TWO:-0}" = 1 ]; then
+      echo "=================== two streams, $v: $e (round $round)"
+      env $e timeout 90 $bin bench "${model[@]}" --num-seqs 2 --prompt-len 512 --output-len 256 \
+        --repeat 3 --json "$OUT/09-engine.$(vname "$v").two.$round.json" 2>&1 | grep -E "output tok/s|TPOT|rror" | head -3
+    fi
   done
 done
 for v in ${PROFILES:-mk1}; do
@@ -212,6 +228,19 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
     echo "$tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.$tool.log" | tail -1)"
     grep -E "^  megakernel" "$OUT/sanitizer.$tool.log" | head -1
   done
+  # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row),
+  # reduced in o_proj's staging, with the producer's KV prefetch (the tiny runs above never split).
+  if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
+    for tool in memcheck racecheck; do
+      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 600 + 3, split, red=stage pf=1)"
+      MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE=stage MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
+        --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 600 --output-len 3 --repeat 1 \
+        --no-warmup --max-num-seqs 1 --max-model-len 4096 --kv-cache-gib 1 > "$OUT/sanitizer.split.$tool.log" 2>&1
+      rc=$?; [ $rc -eq 0 ] || status=1
+      echo "split $tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.split.$tool.log" | tail -1)"
+      grep -E "^  megakernel" "$OUT/sanitizer.split.$tool.log" | head -1
+    done
+  fi
   # 8 rows: the unfused decode graphs, where linear_cuda runs version 3 (M >= 5) with PDL.
   for tool in memcheck racecheck; do
     echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 8 rows: unfused graphs, GEMV v3)"
