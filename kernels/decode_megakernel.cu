@@ -140,7 +140,7 @@ struct params {
     float scale_log2;
     int block_shift;
     long long num_slots;
-    unsigned off_b, off_x, off_part, off_ml, off_bar;  // shared-memory offsets (A at 0)
+    unsigned off_b, off_x, off_part, off_bar;  // shared-memory offsets (A at 0)
     int fused_rope;                  // 1: q/k norm + RoPE + KV store in the attention pieces (rope_prep)
     unsigned chunk;                  // bytes a bulk copy of the producer
     int ring;                        // copies it keeps in flight
@@ -151,10 +151,6 @@ struct params {
     // PHASE_SLOTS l + gate[j], for projection j of layer l.
     int gated;
     int gate[4];
-    // MV_MEGAKERNEL_REDUCE=stage: the split attention's pieces reduced by
-    // every block while it stages o_proj's input (stage_reduce), not in a
-    // phase and grid barrier of their own (=phase).
-    int reduce_stage;
     // MV_MEGAKERNEL_PREFETCH_KV=1: the producer asks L2 for the layer's KV
     // cache blocks of the step's rows when it starts the layer's qkv refill.
     int prefetch_kv;
@@ -195,7 +191,7 @@ enum {
     BAR_EMPTY = MAX_RING + 2,
     BAR_NORM = MAX_RING + 4,
     BAR_GATE = MAX_RING + 6,
-    NUM_BARS = MAX_RING + 10
+    NUM_BARS = MAX_RING + 11  // gates 0-3 the refills', 4 the KV prefetch's
 };
 enum { PHASE_SLOTS = 7 };
 // The default gates: no refill starts before thread 0 has arrived at the
@@ -206,8 +202,7 @@ enum { PHASE_SLOTS = 7 };
 // attention pieces (not while they read the KV cache), down after o_proj
 // (its release). Chosen on an H100 (docs/perf-notes.md, runs 69 to 71).
 #define MEGAKERNEL_GATES_DEFAULT "-2,0,2,4"
-// The defaults of MV_MEGAKERNEL_REDUCE and MV_MEGAKERNEL_PREFETCH_KV.
-#define MEGAKERNEL_REDUCE_DEFAULT "phase"
+// The default of MV_MEGAKERNEL_PREFETCH_KV.
 #define MEGAKERNEL_PREFETCH_KV_DEFAULT "0"
 
 // A buffer as the consumers see it: which rows it holds now, and how many
@@ -240,12 +235,20 @@ __device__ __forceinline__ void release(wbuf &b) {
 // the SM until it landed, the grid barriers' too.
 //
 // With p.prefetch_kv it also asks L2 for the KV cache the layer's attention
-// pieces will read, when it starts the layer's qkv refill (one or two phases
-// ahead of the pieces): the step's rows' cache blocks, dealt out over the
-// blocks of the grid in turn, at most PF_MAX a block (the rest are left to
-// the pieces' own loads: a prefetch is only a hint), keys and values of all
-// kv heads, block_size * nkv * D * 2 bytes each.
+// pieces will read: layer 0's at the start, layer l + 1's once it has
+// started the layer's qkv refill and thread 0 has arrived at layer l's last
+// grid barrier (gate 4), so during the qkv phase: the step's rows' cache
+// blocks, dealt out over the blocks of the grid in turn, at most PF_MAX a
+// block (the rest are left to the pieces' own loads: a prefetch is only a
+// hint), keys and values of all kv heads, block_size * nkv * D * 2 bytes each.
 constexpr int PF_MAX = 16;
+__device__ __forceinline__ void prefetch_kv(const megakernel_layer_t &ly, const int *pf, int npf, long long elems) {
+    for (int i = 0; i < npf; i++) {
+        const long long at = (long long)pf[i] * elems;
+        bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.k_cache) + at, (unsigned)(elems * 2));
+        bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.v_cache) + at, (unsigned)(elems * 2));
+    }
+}
 template <int MT>
 __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
     const megakernel_args_t &a = p.a;
@@ -273,12 +276,7 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 // down, from layer 1 for qkv and o_proj (their layer 0 fills are first).
                 if (p.gated) mbar_wait(bars + BAR_GATE + j, (unsigned)(j >= 2 ? l : l - 1) & 1u);
             }
-            if (j == 0)
-                for (int i = 0; i < npf; i++) {
-                    const long long at = (long long)pf[i] * pf_elems;
-                    bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.k_cache) + at, (unsigned)(pf_elems * 2));
-                    bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.v_cache) + at, (unsigned)(pf_elems * 2));
-                }
+            if (j == 0 && l == 0) prefetch_kv(ly, pf, npf, pf_elems);
             int row0, rows;
             share(N, &row0, &rows);
             // Rows padded in shared memory (p.pad bytes after each, GEMV
@@ -302,6 +300,13 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 mbar_wait(ring + i % R, (i / R) & 1u);
             mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
+            // The next layer's KV cache, once thread 0 has arrived at this
+            // layer's last grid barrier (its release then no longer waits
+            // for the prefetches).
+            if (j == 0 && p.prefetch_kv && l + 1 < a.num_layers) {
+                mbar_wait(bars + BAR_GATE + 4, (unsigned)l & 1u);
+                prefetch_kv(a.d_layers[l + 1], pf, npf, pf_elems);
+            }
         }
     }
 }
@@ -806,69 +811,6 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
                                          a.context_lens, nq, D, p.num_splits, p.split_len);
 }
 
-// MV_MEGAKERNEL_REDUCE=stage: o_proj's input reduced from the pieces by
-// every block as it stages it, in place of the reduction phase and its grid
-// barrier. o_proj's rows each read the whole attention row, so every block
-// reduces every head: xs[m][c] = vector c of row m, 8 outputs of one head,
-// by decode_reduce_one's arithmetic in its order (M the pieces' largest m,
-// then L and A over the pieces in order by fmaf), so the bits of the phase.
-// Every (m, l) of the step goes to shared memory first (mls, [M, nq,
-// num_splits]: one trip to L2), then each thread's vectors take their
-// pieces' values REDUCE_RB at a time, their loads first (one trip each).
-// Its own kernel (RS = 1), so that its registers leave the phase's kernel
-// as it was. ctx: the rows' context lengths.
-#ifndef REDUCE_RB
-#define REDUCE_RB 8
-#endif
-template <int MT, int NW, int D>
-__device__ __forceinline__ void stage_reduce(uint4 *xs, float2 *mls, const params &p, const int *ctx) {
-    constexpr int RB = REDUCE_RB, CONS = cfg<NW>::CONSUMERS;
-    const megakernel_args_t &a = p.a;
-    const int nq = a.num_heads, ns = p.num_splits, kc = p.qn / 8, n = MT * kc;
-    const float2 *ws_ml = reinterpret_cast<const float2 *>(a.attn_ws + (size_t)MT * nq * ns * D);
-    for (int j = threadIdx.x; j < MT * nq * ns; j += CONS) mls[j] = __ldcg(ws_ml + j);
-    csync<NW>::sync();
-    for (int i = threadIdx.x; i < n; i += CONS) {
-        const int s = i / kc, h = (i % kc) * 8 / D, c = ctx[s];
-        const int len = decode_piece_len(p.split_len, c, ns);
-        const int used = c <= 0 ? 0 : min(ns, (c + len - 1) / len);
-        const long long first = ((long long)s * nq + h) * ns;  // piece 0 of this (row, head)
-        const float4 *src = reinterpret_cast<const float4 *>(a.attn_ws + first * D + (i % kc) * 8 % D);
-        const float2 *ml = mls + first;
-        float M = -INFINITY, L = 0.0f, A[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int k = 0; k < used; k++) M = fmaxf(M, ml[k].x);
-        for (int k0 = 0; k0 < used; k0 += RB) {
-            float4 o[RB][2];
-#pragma unroll
-            for (int k = 0; k < RB; k++)
-                if (k0 + k < used) o[k][0] = __ldcg(src + (k0 + k) * (D / 4)), o[k][1] = __ldcg(src + (k0 + k) * (D / 4) + 1);
-#pragma unroll
-            for (int k = 0; k < RB; k++)
-                if (k0 + k < used) {
-                    const float w = exp2f(ml[k0 + k].x - M);
-                    L = fmaf(w, ml[k0 + k].y, L);
-                    A[0] = fmaf(w, o[k][0].x, A[0]);
-                    A[1] = fmaf(w, o[k][0].y, A[1]);
-                    A[2] = fmaf(w, o[k][0].z, A[2]);
-                    A[3] = fmaf(w, o[k][0].w, A[3]);
-                    A[4] = fmaf(w, o[k][1].x, A[4]);
-                    A[5] = fmaf(w, o[k][1].y, A[5]);
-                    A[6] = fmaf(w, o[k][1].z, A[6]);
-                    A[7] = fmaf(w, o[k][1].w, A[7]);
-                }
-        }
-        // decode_reduce_one's output, rounded to bf16 once, 8 to a vector
-        // (element 2j in the low half of word j).
-        uint32_t w[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const __nv_bfloat162 two = __floats2bfloat162_rn(used ? A[2 * j] / L : 0.0f, used ? A[2 * j + 1] / L : 0.0f);
-            w[j] = (uint32_t)__bfloat16_as_ushort(two.x) | ((uint32_t)__bfloat16_as_ushort(two.y) << 16);
-        }
-        xs[i] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-}
-
 // ---- the GEMV inputs ------------------------------------------------------------------------
 
 template <int NW>
@@ -938,6 +880,9 @@ __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *
                 if (d >= 0 && d % PHASE_SLOTS == 0 && l < p.a.num_layers && (j >= 2 || l >= 1))
                     mbar_arrive(bars + BAR_GATE + j);
             }
+        // The KV prefetch's gate: after each layer's last barrier but the last layer's.
+        if (p.prefetch_kv && slot % PHASE_SLOTS == PHASE_SLOTS - 1 && slot / PHASE_SLOTS + 1 < p.a.num_layers)
+            mbar_arrive(bars + BAR_GATE + 4);
         grid_barrier_wait(gb, target);
     }
     csync<NW>::sync();
@@ -951,7 +896,7 @@ __device__ __forceinline__ void mark(unsigned long long *tl, int L, int l, int j
     if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_MARK(L, l, j, k)] = globaltimer();
 }
 
-template <int MT, int D, int G, int NW, int GV, int RS>
+template <int MT, int D, int G, int NW, int GV>
 __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const __grid_constant__ params p) {
     constexpr int CONSUMERS = cfg<NW>::CONSUMERS;
     using sync_c = csync<NW>;
@@ -979,10 +924,6 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1)] = globaltimer();
         tl[2 * (MEGAKERNEL_TIMELINE_SLOTS(L) - 1) + 1] = 1u + (unsigned)p.fused_rope;
     }
-    // The rows' context lengths, for stage_reduce (seen after the first
-    // norm's barriers of the consumers).
-    __shared__ int ctx[MT];
-    if (RS && threadIdx.x < MT) ctx[threadIdx.x] = __ldcg(a.context_lens + threadIdx.x);
     const megakernel_layer_t *layers = a.d_layers;
     bf16 *res[2] = {reinterpret_cast<bf16 *>(a.residual), reinterpret_cast<bf16 *>(a.residual2)};
     const bf16 *x = reinterpret_cast<const bf16 *>(a.x);
@@ -1018,14 +959,12 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
             attention<D, G, NW>(p, ly, MT, att, dec_prep_plain{});
         }
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 2);
-        if (p.num_splits > 1 && !RS) {
+        if (p.num_splits > 1) {
             attention_reduce<D, NW>(p, MT);
             barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 3);
         }
-        // 5. o_proj (its input reduced from the pieces here with MV_MEGAKERNEL_REDUCE=stage)
-        if (RS && p.num_splits > 1)
-            stage_reduce<MT, NW, D>(xs, reinterpret_cast<float2 *>(mk_smem + p.off_ml), p, ctx);
-        else stage<NW>(xs, a.attn, MT * p.qn / 8);
+        // 5. o_proj
+        stage<NW>(xs, a.attn, MT * p.qn / 8);
         sync_c::sync();
         mark(tl, L, l, 1, 0);
         wait(B, H);
@@ -1067,36 +1006,23 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
 
 typedef void (*kernel_fn)(const params);
 
-template <int D, int G, int NW, int GV = 2, int RS = 0>
+template <int D, int G, int NW, int GV = 2>
 static kernel_fn pick_mt(int M) {
     switch (M) {
-    case 1: return decode_megakernel<1, D, G, NW, GV, RS>;
-    case 2: return decode_megakernel<2, D, G, NW, GV, RS>;
-    case 4: return decode_megakernel<4, D, G, NW, GV, RS>;
-    case 8: return decode_megakernel<8, D, G, NW, GV, RS>;
+    case 1: return decode_megakernel<1, D, G, NW, GV>;
+    case 2: return decode_megakernel<2, D, G, NW, GV>;
+    case 4: return decode_megakernel<4, D, G, NW, GV>;
+    case 8: return decode_megakernel<8, D, G, NW, GV>;
     default: return NULL;
     }
 }
 
-// The kernel for M rows, head_dim D, GQA group G, NW consumer warps, GEMV
-// version GV and the reduction in o_proj's staging (RS): every shape at
-// DEFAULT_NW with version 2 (linear_cuda's GEMV at M <= 4), with RS 0 or 1;
-// the EXTRA_NW and version 3 (MV_LINEAR_GEMV=3, for comparisons) only at
-// Qwen3-0.6B's D 128, G 2, with RS 0.
+// The kernel for M rows, head_dim D, GQA group G, NW consumer warps and
+// GEMV version GV: every shape at DEFAULT_NW with version 2 (linear_cuda's
+// GEMV at M <= 4), the EXTRA_NW and version 3 (MV_LINEAR_GEMV=3, for
+// comparisons) only at Qwen3-0.6B's D 128, G 2.
 constexpr int EXTRA_NW[] = {4, 16};
-template <int RS>
-static kernel_fn pick_default(int M, int D, int G) {
-    constexpr int W = DEFAULT_NW;
-    if (D == 128)
-        return G == 1 ? pick_mt<128, 1, W, 2, RS>(M) : G == 2 ? pick_mt<128, 2, W, 2, RS>(M)
-                                                              : G == 4 ? pick_mt<128, 4, W, 2, RS>(M) : NULL;
-    if (D == 64)
-        return G == 1 ? pick_mt<64, 1, W, 2, RS>(M) : G == 2 ? pick_mt<64, 2, W, 2, RS>(M)
-                                                             : G == 4 ? pick_mt<64, 4, W, 2, RS>(M) : NULL;
-    return NULL;
-}
-static kernel_fn pick(int M, int D, int G, int NW, int GV, int RS) {
-    if (RS) return NW == DEFAULT_NW && GV == 2 ? pick_default<1>(M, D, G) : NULL;
+static kernel_fn pick(int M, int D, int G, int NW, int GV) {
     if (GV == 3) return NW == DEFAULT_NW && D == 128 && G == 2 ? pick_mt<128, 2, DEFAULT_NW, 3>(M) : NULL;
     if (GV != 2) return NULL;
     if (NW != DEFAULT_NW) {
@@ -1104,7 +1030,11 @@ static kernel_fn pick(int M, int D, int G, int NW, int GV, int RS) {
         return NW == EXTRA_NW[0] ? pick_mt<128, 2, EXTRA_NW[0]>(M) : NW == EXTRA_NW[1] ? pick_mt<128, 2, EXTRA_NW[1]>(M)
                                                                                      : NULL;
     }
-    return pick_default<0>(M, D, G);
+    constexpr int W = DEFAULT_NW;
+    if (D == 128)
+        return G == 1 ? pick_mt<128, 1, W>(M) : G == 2 ? pick_mt<128, 2, W>(M) : G == 4 ? pick_mt<128, 4, W>(M) : NULL;
+    if (D == 64) return G == 1 ? pick_mt<64, 1, W>(M) : G == 2 ? pick_mt<64, 2, W>(M) : G == 4 ? pick_mt<64, 4, W>(M) : NULL;
+    return NULL;
 }
 
 static int piece_floats(int D, int G) {
@@ -1221,15 +1151,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.num_slots = (long long)a->num_blocks * a->block_size;
     const size_t ws = attention_decode_workspace_bytes(M, nq, D, p.num_splits);
     if (ws > 0 && (!a->attn_ws || a->attn_ws_bytes < ws)) NOPE("%d attention pieces need %zu bytes of workspace", p.num_splits, ws);
-    // Where the split attention's pieces are reduced (MV_MEGAKERNEL_REDUCE:
-    // phase, or stage: in o_proj's staging), and
-    // whether the producer prefetches the KV cache (MV_MEGAKERNEL_PREFETCH_KV).
-    const char *red = getenv("MV_MEGAKERNEL_REDUCE"), *pfkv = getenv("MV_MEGAKERNEL_PREFETCH_KV");
-    if (!red) red = MEGAKERNEL_REDUCE_DEFAULT;
-    if (strcmp(red, "phase") && strcmp(red, "stage")) NOPE("MV_MEGAKERNEL_REDUCE=%s (phase or stage)", red);
+    // Whether the producer asks L2 for the KV cache (MV_MEGAKERNEL_PREFETCH_KV).
+    const char *pfkv = getenv("MV_MEGAKERNEL_PREFETCH_KV");
     if (!pfkv) pfkv = MEGAKERNEL_PREFETCH_KV_DEFAULT;
     if (strcmp(pfkv, "0") && strcmp(pfkv, "1")) NOPE("MV_MEGAKERNEL_PREFETCH_KV=%s (0 or 1)", pfkv);
-    p.reduce_stage = !strcmp(red, "stage") && p.num_splits > 1;
     p.prefetch_kv = !strcmp(pfkv, "1");
     const int blocks = sms;
     // The GEMV: the version linear_cuda runs at M rows, for the same bits.
@@ -1267,11 +1192,7 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.off_b = round128(bytes_a);
     p.off_x = p.off_b + round128(bytes_b);
     p.off_part = p.off_x + round128(bytes_x);
-    // The reduction in o_proj's staging has kernels at the default warps and
-    // GEMV version 2 only (mk::pick); elsewhere the phase.
-    if (nw != mk::DEFAULT_NW || gv != LINEAR_GEMV) p.reduce_stage = 0;
-    p.off_ml = p.off_part + round128(part_floats * sizeof(float));
-    p.off_bar = p.off_ml + (p.reduce_stage ? round128((size_t)M * nq * p.num_splits * 2 * sizeof(float)) : 0u);
+    p.off_bar = p.off_part + round128(part_floats * sizeof(float));
     pl->smem = p.off_bar + sizeof(uint64_t) * mk::NUM_BARS;
     // The producer's pacing (MV_MEGAKERNEL_CHUNK bytes a copy, MV_MEGAKERNEL_RING in flight: for experiments).
     // Padded rows (GEMV version 3) go a row at a time (2 to 6 KB for
@@ -1292,13 +1213,13 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), p.gate, &p.gated, why, why_len)) return 0;
     for (int j = 0; p.gated && j < 4; j++) {
         const int phase = (p.gate[j] % mk::PHASE_SLOTS + mk::PHASE_SLOTS) % mk::PHASE_SLOTS;
-        if ((phase == 1 && p.fused_rope) || (phase == 3 && (p.num_splits <= 1 || p.reduce_stage)))
+        if ((phase == 1 && p.fused_rope) || (phase == 3 && p.num_splits <= 1))
             NOPE("MV_MEGAKERNEL_GATES names phase %d, which these steps do not have", phase);
     }
     if (pl->smem > (size_t)optin)
         NOPE("%zu bytes of shared memory a block (the GPU allows %d): the weights' shares are too large", pl->smem,
              optin);
-    pl->fn = mk::pick(M, D, G, nw, gv, p.reduce_stage);
+    pl->fn = mk::pick(M, D, G, nw, gv);
     if (!pl->fn) NOPE("no kernel for M %d, D %d, G %d with %d consumer warps and GEMV version %d", M, D, G, nw, gv);
     pl->blocks = blocks;
     return 1;

@@ -531,23 +531,21 @@ static void check_megakernel_06b(void) {
 // ---- the megakernel's split attention --------------------------------------------------
 // The cases above run with max_model_len 128, where decode attention never
 // cuts a row into pieces (pieces of at least 256 keys), so the megakernel's
-// reduction of the pieces (a phase of its own, or in o_proj's staging:
-// MV_MEGAKERNEL_REDUCE) and its KV prefetch (MV_MEGAKERNEL_PREFETCH_KV) do
+// reduction of the pieces and its KV prefetch (MV_MEGAKERNEL_PREFETCH_KV) do
 // not run there. Here: Qwen3-0.6B's shapes with max_model_len 4096, the
 // bench's, so 16 pieces a row at 1 and 2 rows, prompts of 640 and 700 ids,
-// 8 new tokens; the graphs with the megakernel, each way, against the
+// 8 new tokens; the graphs with the megakernel, prefetch off and on, against the
 // unfused graphs (MV_MEGAKERNEL=0), which cut the rows into the same pieces
 // (a decode graph's bound is max_model_len) and reduce them with chapter
 // 07's kernel. Every logit row must match bit for bit.
 #define SPLIT_PROMPT 700
 static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *lens, const char *mk,
-                     const char *reduce, const char *prefetch, engine_output_t *outs, logit_hashes_t *lh,
-                     int *mk_rows) {
-    static const char *names[] = {"MV_MEGAKERNEL", "MV_MEGAKERNEL_REDUCE", "MV_MEGAKERNEL_PREFETCH_KV"};
-    const char *want[] = {mk, reduce, prefetch};
-    char saved[3][32];
-    int had[3];
-    for (int k = 0; k < 3; k++) {
+                     const char *prefetch, engine_output_t *outs, logit_hashes_t *lh, int *mk_rows) {
+    static const char *names[] = {"MV_MEGAKERNEL", "MV_MEGAKERNEL_PREFETCH_KV"};
+    const char *want[] = {mk, prefetch};
+    char saved[2][32];
+    int had[2];
+    for (int k = 0; k < 2; k++) {
         const char *was = getenv(names[k]);
         had[k] = was != NULL;
         snprintf(saved[k], sizeof saved[k], "%s", was ? was : "");
@@ -565,7 +563,7 @@ static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *l
     c.kv_cache_bytes = 1LL << 30;
     engine_t *e = NULL;
     int rc = engine_create(&c, &e);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 2; k++) {
         if (had[k]) setenv(names[k], saved[k], 1);
         else unsetenv(names[k]);
     }
@@ -591,13 +589,12 @@ static void check_megakernel_split(void) {
             x = x * 1664525u + 1013904223u;
             prompts[i][k] = (int32_t)((x >> 8) % 1000u);
         }
-    // MV_MEGAKERNEL_REDUCE, MV_MEGAKERNEL_PREFETCH_KV
-    static const char *ways[][2] = {{"phase", "0"}, {"stage", "0"}, {"phase", "1"}, {"stage", "1"}};
+    static const char *ways[] = {"0", "1"};  // MV_MEGAKERNEL_PREFETCH_KV
     for (int B = 1; B <= 2; B++) {
         engine_output_t ref[2];
         logit_hashes_t *href = calloc(1, sizeof *href), *h = calloc(1, sizeof *h);
         int none = 0;
-        if (!href || !h || run_split(B, prompts, lens, "0", NULL, NULL, ref, href, &none)) {
+        if (!href || !h || run_split(B, prompts, lens, "0", NULL, ref, href, &none)) {
             verdict("FAIL", "megakernel split attention, %d rows: the unfused graphs: %s", B, mv_last_error());
             free(href), free(h);
             return;
@@ -605,9 +602,9 @@ static void check_megakernel_split(void) {
         for (size_t w = 0; w < sizeof ways / sizeof *ways; w++) {
             engine_output_t out[2];
             int mk = 0;
-            if (run_split(B, prompts, lens, "1", ways[w][0], ways[w][1], out, h, &mk)) {
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_REDUCE=%s "
-                        "MV_MEGAKERNEL_PREFETCH_KV=%s: %s", B, ways[w][0], ways[w][1], mv_last_error());
+            if (run_split(B, prompts, lens, "1", ways[w], out, h, &mk)) {
+                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s: %s", B, ways[w],
+                        mv_last_error());
                 continue;
             }
             int bad_ids = 0, bad_rows = 0;
@@ -618,17 +615,15 @@ static void check_megakernel_split(void) {
                 for (int k = 0; k < MAX_IDS; k++) bad_rows += h->hash[i][k] != href->hash[i][k];
             }
             if (megakernel_expected() && mk < B)
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_REDUCE=%s "
-                        "MV_MEGAKERNEL_PREFETCH_KV=%s: the graphs did not take the megakernel (steps of 1 to %d rows)",
-                        B, ways[w][0], ways[w][1], mk);
+                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s: the graphs did not "
+                        "take the megakernel (steps of 1 to %d rows)", B, ways[w], mk);
             else if (none != 0 || bad_ids || bad_rows || h->rows != href->rows || h->rows == 0)
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_REDUCE=%s "
-                        "MV_MEGAKERNEL_PREFETCH_KV=%s against the unfused graphs: %d requests' tokens and %d logit rows "
-                        "differ (%d vs %d rows)", B, ways[w][0], ways[w][1], bad_ids, bad_rows, h->rows, href->rows);
+                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s against the unfused "
+                        "graphs: %d requests' tokens and %d logit rows differ (%d vs %d rows)", B, ways[w], bad_ids,
+                        bad_rows, h->rows, href->rows);
             else
-                verdict("PASS", "megakernel split attention (16 pieces a row), %d rows, MV_MEGAKERNEL_REDUCE=%s "
-                        "MV_MEGAKERNEL_PREFETCH_KV=%s against the unfused graphs: %d logit rows bit-identical", B,
-                        ways[w][0], ways[w][1], h->rows);
+                verdict("PASS", "megakernel split attention (16 pieces a row), %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s "
+                        "against the unfused graphs: %d logit rows bit-identical", B, ways[w], h->rows);
             engine_outputs_free(out, B);
         }
         engine_outputs_free(ref, B);

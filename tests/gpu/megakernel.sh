@@ -24,6 +24,7 @@
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
 # BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
 # variant "base" runs its minivllm, for a before/after in one call.
+# SKIP_BUILD=1: use build/minivllm and build/engine_check as carried (built elsewhere from the same tree).
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), TWO=1 (each round also two streams), VARIANTS
 # and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
@@ -52,8 +53,14 @@ if [ -n "${BASE:-}" ]; then
   (cd "$BASE" && make -j8 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 build/minivllm > "$OUT/base.build.log" 2>&1) &
   base_build=$!
 fi
-make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
-echo "built in $(( $(date +%s) - T0 )) s"
+if [ "${SKIP_BUILD:-0}" = 1 ]; then
+  # build/minivllm and build/engine_check carried from a build of the same commit elsewhere.
+  [ -x build/minivllm ] && [ -x build/engine_check ] || { echo "SKIP_BUILD=1 but no build/minivllm, build/engine_check"; exit 1; }
+  echo "not built here (SKIP_BUILD=1): $(ldd build/minivllm | grep -c 'not found') libraries not found"
+else
+  make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo BUILD FAILED; exit 1; }
+  echo "built in $(( $(date +%s) - T0 )) s"
+fi
 if [ -n "$base_build" ]; then
   wait "$base_build" || { tail -20 "$OUT/base.build.log"; echo "BASE BUILD FAILED"; }
   echo "base ($BASE) built in $(( $(date +%s) - T0 )) s"
@@ -96,8 +103,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
-# red=phase|stage where the split attention is reduced (MV_MEGAKERNEL_REDUCE), pf=0|1 the producer's
-# KV prefetch (MV_MEGAKERNEL_PREFETCH_KV); A+B: both (red=stage+pf=1).
+# pf=0|1 the producer's KV prefetch (MV_MEGAKERNEL_PREFETCH_KV); A+B: both (gates=off+pf=1).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -113,7 +119,6 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
-    red=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red=}" ;;
     pf=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV="${1#pf=}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
@@ -228,12 +233,12 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
     echo "$tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.$tool.log" | tail -1)"
     grep -E "^  megakernel" "$OUT/sanitizer.$tool.log" | head -1
   done
-  # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row),
-  # reduced in o_proj's staging, with the producer's KV prefetch (the tiny runs above never split).
+  # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row)
+  # and its reduction, with the producer's KV prefetch (the tiny runs above never split).
   if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
     for tool in memcheck racecheck; do
-      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 600 + 3, split, red=stage pf=1)"
-      MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE=stage MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
+      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 600 + 3, split, pf=1)"
+      MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
         --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 600 --output-len 3 --repeat 1 \
         --no-warmup --max-num-seqs 1 --max-model-len 4096 --kv-cache-gib 1 > "$OUT/sanitizer.split.$tool.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || status=1
@@ -242,7 +247,7 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
     done
   fi
   # 8 rows: the unfused decode graphs, where linear_cuda runs version 3 (M >= 5) with PDL.
-  for tool in memcheck racecheck; do
+  for tool in $([ "${MK_SANITIZE_B8:-1}" = 1 ] && echo memcheck racecheck); do
     echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 8 rows: unfused graphs, GEMV v3)"
     timeout "${SAN_S:-200}" "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
       --model tests/data/tiny-qwen3-mha --device cuda --num-seqs 8 --prompt-len 24 --output-len 16 --repeat 1 \
