@@ -235,9 +235,9 @@ __device__ __forceinline__ void release(wbuf &b) {
 // the SM until it landed, the grid barriers' too.
 //
 // With p.prefetch_kv it also asks L2 for the KV cache the layer's attention
-// pieces will read: layer 0's at the start, layer l + 1's once it has
-// started the layer's qkv refill and thread 0 has arrived at layer l's last
-// grid barrier (gate 4), so during the qkv phase: the step's rows' cache
+// pieces will read: layer 0's at the start, layer l's (l >= 1) once it has
+// issued layer l's qkv refill and thread 0 has arrived at layer l - 1's last
+// grid barrier (gate 4), so during layer l's qkv phase: the step's rows' cache
 // blocks, dealt out over the blocks of the grid in turn, at most PF_MAX a
 // block (the rest are left to the pieces' own loads: a prefetch is only a
 // hint), keys and values of all kv heads, block_size * nkv * D * 2 bytes each.
@@ -300,12 +300,13 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 mbar_wait(ring + i % R, (i / R) & 1u);
             mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
-            // The next layer's KV cache, once thread 0 has arrived at this
-            // layer's last grid barrier (its release then no longer waits
-            // for the prefetches).
-            if (j == 0 && p.prefetch_kv && l + 1 < a.num_layers) {
-                mbar_wait(bars + BAR_GATE + 4, (unsigned)l & 1u);
-                prefetch_kv(a.d_layers[l + 1], pf, npf, pf_elems);
+            // This layer's KV cache (l >= 1), once thread 0 has arrived at
+            // the layer before's last grid barrier, its (l - 1)-th arrival
+            // at gate 4: that barrier's release does not wait for the
+            // prefetches, and they run during the qkv phase.
+            if (j == 0 && p.prefetch_kv && l >= 1) {
+                mbar_wait(bars + BAR_GATE + 4, (unsigned)(l - 1) & 1u);
+                prefetch_kv(ly, pf, npf, pf_elems);
             }
         }
     }

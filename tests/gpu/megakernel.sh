@@ -224,7 +224,7 @@ fi
 
 if [ "${MK_SANITIZE:-0}" = 1 ]; then
   CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  for tool in memcheck racecheck synccheck; do
+  for tool in $([ "${MK_SANITIZE_TINY:-1}" = 1 ] && echo memcheck racecheck synccheck); do
     echo "=================== compute-sanitizer --tool $tool, bench (tiny-qwen3-mha, 4 rows, decode steps in the megakernel)"
     MV_MEGAKERNEL=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" --error-exitcode 9 ./build/minivllm bench \
       --model tests/data/tiny-qwen3-mha --device cuda --num-seqs 4 --prompt-len 24 --output-len 16 --repeat 1 \
@@ -236,7 +236,7 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
   # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row)
   # and its reduction, with the producer's KV prefetch (the tiny runs above never split).
   if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
-    for tool in memcheck racecheck; do
+    for tool in memcheck racecheck synccheck; do
       echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 600 + 3, split, pf=1)"
       MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
         --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 600 --output-len 3 --repeat 1 \
