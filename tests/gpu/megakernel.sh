@@ -237,9 +237,9 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
   # and its reduction, with the producer's KV prefetch (the tiny runs above never split).
   if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
     for tool in memcheck racecheck synccheck; do
-      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 600 + 3, split, pf=1)"
+      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 300 + 3, split, pf=1)"
       MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
-        --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 600 --output-len 3 --repeat 1 \
+        --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 300 --output-len 3 --repeat 1 \
         --no-warmup --max-num-seqs 1 --max-model-len 4096 --kv-cache-gib 1 > "$OUT/sanitizer.split.$tool.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || status=1
       echo "split $tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.split.$tool.log" | tail -1)"
