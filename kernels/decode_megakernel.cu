@@ -151,9 +151,6 @@ struct params {
     // PHASE_SLOTS l + gate[j], for projection j of layer l.
     int gated;
     int gate[4];
-    // MV_MEGAKERNEL_PREFETCH_KV=1: the producer asks L2 for the layer's KV
-    // cache blocks of the step's rows when it starts the layer's qkv refill.
-    int prefetch_kv;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -191,7 +188,7 @@ enum {
     BAR_EMPTY = MAX_RING + 2,
     BAR_NORM = MAX_RING + 4,
     BAR_GATE = MAX_RING + 6,
-    NUM_BARS = MAX_RING + 11  // gates 0-3 the refills', 4 the KV prefetch's
+    NUM_BARS = MAX_RING + 10
 };
 enum { PHASE_SLOTS = 7 };
 // The default gates: no refill starts before thread 0 has arrived at the
@@ -202,8 +199,6 @@ enum { PHASE_SLOTS = 7 };
 // attention pieces (not while they read the KV cache), down after o_proj
 // (its release). Chosen on an H100 (docs/perf-notes.md, runs 69 to 71).
 #define MEGAKERNEL_GATES_DEFAULT "-2,0,2,4"
-// The default of MV_MEGAKERNEL_PREFETCH_KV.
-#define MEGAKERNEL_PREFETCH_KV_DEFAULT "0"
 
 // A buffer as the consumers see it: which rows it holds now, and how many
 // fills of it they have read.
@@ -233,37 +228,11 @@ __device__ __forceinline__ void release(wbuf &b) {
 // most p.ring in flight. A whole share requested at once (up to 96 KB a
 // block, 12.6 MB from all SMs) would sit in front of every other access of
 // the SM until it landed, the grid barriers' too.
-//
-// With p.prefetch_kv it also asks L2 for the KV cache the layer's attention
-// pieces will read: layer 0's at the start, layer l's (l >= 1) once it has
-// issued layer l's qkv refill and thread 0 has arrived at layer l - 1's last
-// grid barrier (gate 4), so during layer l's qkv phase: the step's rows' cache
-// blocks, dealt out over the blocks of the grid in turn, at most PF_MAX a
-// block (the rest are left to the pieces' own loads: a prefetch is only a
-// hint), keys and values of all kv heads, block_size * nkv * D * 2 bytes each.
-constexpr int PF_MAX = 16;
-__device__ __forceinline__ void prefetch_kv(const megakernel_layer_t &ly, const int *pf, int npf, long long elems) {
-    for (int i = 0; i < npf; i++) {
-        const long long at = (long long)pf[i] * elems;
-        bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.k_cache) + at, (unsigned)(elems * 2));
-        bulk_prefetch_l2(reinterpret_cast<const bf16 *>(ly.v_cache) + at, (unsigned)(elems * 2));
-    }
-}
-template <int MT>
 __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) {
     const megakernel_args_t &a = p.a;
     const int H = a.hidden, I = a.intermediate, R = p.ring;
     uint64_t *ring = bars + BAR_RING;
     unsigned issued = 0, fills[2] = {0u, 0u};
-    int pf[PF_MAX], npf = 0;
-    const long long pf_elems = (long long)a.block_size * a.num_kv_heads * a.head_dim;
-    if (p.prefetch_kv)
-        for (int s = 0, g = 0; s < MT; s++) {
-            const int nb = (__ldcg(a.context_lens + s) + a.block_size - 1) >> p.block_shift;
-            for (int j = 0; j < nb && j < a.max_blocks; j++, g++)
-                if (g % (int)gridDim.x == (int)blockIdx.x && npf < PF_MAX)
-                    pf[npf++] = __ldcg(a.block_tables + (long long)s * a.max_blocks + j);
-        }
     for (int l = 0; l < a.num_layers; l++) {
         const megakernel_layer_t ly = a.d_layers[l];
         for (int j = 0; j < 4; j++) {
@@ -276,7 +245,6 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 // down, from layer 1 for qkv and o_proj (their layer 0 fills are first).
                 if (p.gated) mbar_wait(bars + BAR_GATE + j, (unsigned)(j >= 2 ? l : l - 1) & 1u);
             }
-            if (j == 0 && l == 0) prefetch_kv(ly, pf, npf, pf_elems);
             int row0, rows;
             share(N, &row0, &rows);
             // Rows padded in shared memory (p.pad bytes after each, GEMV
@@ -300,14 +268,6 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 mbar_wait(ring + i % R, (i / R) & 1u);
             mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
-            // This layer's KV cache (l >= 1), once thread 0 has arrived at
-            // the layer before's last grid barrier, its (l - 1)-th arrival
-            // at gate 4: that barrier's release does not wait for the
-            // prefetches, and they run during the qkv phase.
-            if (j == 0 && p.prefetch_kv && l >= 1) {
-                mbar_wait(bars + BAR_GATE + 4, (unsigned)(l - 1) & 1u);
-                prefetch_kv(ly, pf, npf, pf_elems);
-            }
         }
     }
 }
@@ -881,9 +841,6 @@ __device__ __forceinline__ void barrier(grid_barrier_t *gb, unsigned long long *
                 if (d >= 0 && d % PHASE_SLOTS == 0 && l < p.a.num_layers && (j >= 2 || l >= 1))
                     mbar_arrive(bars + BAR_GATE + j);
             }
-        // The KV prefetch's gate: after each layer's last barrier but the last layer's.
-        if (p.prefetch_kv && slot % PHASE_SLOTS == PHASE_SLOTS - 1 && slot / PHASE_SLOTS + 1 < p.a.num_layers)
-            mbar_arrive(bars + BAR_GATE + 4);
         grid_barrier_wait(gb, target);
     }
     csync<NW>::sync();
@@ -916,7 +873,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY && i < BAR_GATE ? CONSUMERS : 1);
     __syncthreads();
     if (threadIdx.x >= CONSUMERS) {  // the producer warp's lane 0; its other lanes are done
-        if (threadIdx.x == CONSUMERS) producer<MT>(p, bufs, bars);
+        if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
         return;
     }
     grid_barrier_t gb = grid_barrier_make(a.barrier);
@@ -1152,11 +1109,6 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     p.num_slots = (long long)a->num_blocks * a->block_size;
     const size_t ws = attention_decode_workspace_bytes(M, nq, D, p.num_splits);
     if (ws > 0 && (!a->attn_ws || a->attn_ws_bytes < ws)) NOPE("%d attention pieces need %zu bytes of workspace", p.num_splits, ws);
-    // Whether the producer asks L2 for the KV cache (MV_MEGAKERNEL_PREFETCH_KV).
-    const char *pfkv = getenv("MV_MEGAKERNEL_PREFETCH_KV");
-    if (!pfkv) pfkv = MEGAKERNEL_PREFETCH_KV_DEFAULT;
-    if (strcmp(pfkv, "0") && strcmp(pfkv, "1")) NOPE("MV_MEGAKERNEL_PREFETCH_KV=%s (0 or 1)", pfkv);
-    p.prefetch_kv = !strcmp(pfkv, "1");
     const int blocks = sms;
     // The GEMV: the version linear_cuda runs at M rows, for the same bits.
     const int gv = gemv_version(M);

@@ -53,16 +53,6 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 #endif
 }
 
-// Ask L2 for `bytes` bytes (a multiple of 16) at src (16-byte aligned) by the
-// bulk copy engine: a hint, nothing lands in the SM and nothing waits for it.
-__device__ __forceinline__ void bulk_prefetch_l2(const void *src, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#else
-    (void)src, (void)bytes;
-#endif
-}
-
 // Wait until the phase of this parity has completed (acquire).
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

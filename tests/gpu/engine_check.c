@@ -531,27 +531,19 @@ static void check_megakernel_06b(void) {
 // ---- the megakernel's split attention --------------------------------------------------
 // The cases above run with max_model_len 128, where decode attention never
 // cuts a row into pieces (pieces of at least 256 keys), so the megakernel's
-// reduction of the pieces and its KV prefetch (MV_MEGAKERNEL_PREFETCH_KV) do
-// not run there. Here: Qwen3-0.6B's shapes with max_model_len 4096, the
-// bench's, so 16 pieces a row at 1 and 2 rows, prompts of 640 and 700 ids,
-// 8 new tokens; the graphs with the megakernel, prefetch off and on, against the
-// unfused graphs (MV_MEGAKERNEL=0), which cut the rows into the same pieces
-// (a decode graph's bound is max_model_len) and reduce them with chapter
-// 07's kernel. Every logit row must match bit for bit.
+// split pieces and their reduction do not run there. Here: Qwen3-0.6B's
+// shapes with max_model_len 4096, the bench's, so 16 pieces a row at 1 and
+// 2 rows, prompts of 640 and 700 ids, 8 new tokens; the graphs with the
+// megakernel against the unfused graphs (MV_MEGAKERNEL=0), which cut the
+// rows into the same pieces (a decode graph's bound is max_model_len) and
+// reduce them with chapter 07's kernel. Every logit row must match bit for bit.
 #define SPLIT_PROMPT 700
 static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *lens, const char *mk,
-                     const char *prefetch, engine_output_t *outs, logit_hashes_t *lh, int *mk_rows) {
-    static const char *names[] = {"MV_MEGAKERNEL", "MV_MEGAKERNEL_PREFETCH_KV"};
-    const char *want[] = {mk, prefetch};
-    char saved[2][32];
-    int had[2];
-    for (int k = 0; k < 2; k++) {
-        const char *was = getenv(names[k]);
-        had[k] = was != NULL;
-        snprintf(saved[k], sizeof saved[k], "%s", was ? was : "");
-        if (want[k]) setenv(names[k], want[k], 1);
-        else unsetenv(names[k]);
-    }
+                     engine_output_t *outs, logit_hashes_t *lh, int *mk_rows) {
+    const char *was = getenv("MV_MEGAKERNEL");
+    char saved[32];
+    snprintf(saved, sizeof saved, "%s", was ? was : "");
+    setenv("MV_MEGAKERNEL", mk, 1);
     engine_config_t c = engine_config_default("tests/data/qwen3-0.6b-shape");
     c.device = RUNNER_DEVICE_CUDA;
     c.max_model_len = 4096;
@@ -563,10 +555,8 @@ static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *l
     c.kv_cache_bytes = 1LL << 30;
     engine_t *e = NULL;
     int rc = engine_create(&c, &e);
-    for (int k = 0; k < 2; k++) {
-        if (had[k]) setenv(names[k], saved[k], 1);
-        else unsetenv(names[k]);
-    }
+    if (was) setenv("MV_MEGAKERNEL", saved, 1);
+    else unsetenv("MV_MEGAKERNEL");
     if (rc) return -1;
     *mk_rows = e->runner->megakernel_rows;
     engine_request_t reqs[2];
@@ -589,43 +579,38 @@ static void check_megakernel_split(void) {
             x = x * 1664525u + 1013904223u;
             prompts[i][k] = (int32_t)((x >> 8) % 1000u);
         }
-    static const char *ways[] = {"0", "1"};  // MV_MEGAKERNEL_PREFETCH_KV
     for (int B = 1; B <= 2; B++) {
-        engine_output_t ref[2];
+        engine_output_t ref[2], out[2];
         logit_hashes_t *href = calloc(1, sizeof *href), *h = calloc(1, sizeof *h);
-        int none = 0;
-        if (!href || !h || run_split(B, prompts, lens, "0", NULL, ref, href, &none)) {
+        int none = 0, mk = 0;
+        if (!href || !h || run_split(B, prompts, lens, "0", ref, href, &none)) {
             verdict("FAIL", "megakernel split attention, %d rows: the unfused graphs: %s", B, mv_last_error());
             free(href), free(h);
             return;
         }
-        for (size_t w = 0; w < sizeof ways / sizeof *ways; w++) {
-            engine_output_t out[2];
-            int mk = 0;
-            if (run_split(B, prompts, lens, "1", ways[w], out, h, &mk)) {
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s: %s", B, ways[w],
-                        mv_last_error());
-                continue;
-            }
-            int bad_ids = 0, bad_rows = 0;
-            for (int i = 0; i < B; i++) {
-                if (out[i].num_tokens != ref[i].num_tokens ||
-                    memcmp(out[i].token_ids, ref[i].token_ids, (size_t)out[i].num_tokens * sizeof(int32_t)))
-                    bad_ids++;
-                for (int k = 0; k < MAX_IDS; k++) bad_rows += h->hash[i][k] != href->hash[i][k];
-            }
-            if (megakernel_expected() && mk < B)
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s: the graphs did not "
-                        "take the megakernel (steps of 1 to %d rows)", B, ways[w], mk);
-            else if (none != 0 || bad_ids || bad_rows || h->rows != href->rows || h->rows == 0)
-                verdict("FAIL", "megakernel split attention, %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s against the unfused "
-                        "graphs: %d requests' tokens and %d logit rows differ (%d vs %d rows)", B, ways[w], bad_ids,
-                        bad_rows, h->rows, href->rows);
-            else
-                verdict("PASS", "megakernel split attention (16 pieces a row), %d rows, MV_MEGAKERNEL_PREFETCH_KV=%s "
-                        "against the unfused graphs: %d logit rows bit-identical", B, ways[w], h->rows);
-            engine_outputs_free(out, B);
+        if (run_split(B, prompts, lens, "1", out, h, &mk)) {
+            verdict("FAIL", "megakernel split attention, %d rows: %s", B, mv_last_error());
+            engine_outputs_free(ref, B);
+            free(href), free(h);
+            continue;
         }
+        int bad_ids = 0, bad_rows = 0;
+        for (int i = 0; i < B; i++) {
+            if (out[i].num_tokens != ref[i].num_tokens ||
+                memcmp(out[i].token_ids, ref[i].token_ids, (size_t)out[i].num_tokens * sizeof(int32_t)))
+                bad_ids++;
+            for (int k = 0; k < MAX_IDS; k++) bad_rows += h->hash[i][k] != href->hash[i][k];
+        }
+        if (megakernel_expected() && mk < B)
+            verdict("FAIL", "megakernel split attention, %d rows: the graphs did not take the megakernel (steps of 1 "
+                    "to %d rows)", B, mk);
+        else if (none != 0 || bad_ids || bad_rows || h->rows != href->rows || h->rows == 0)
+            verdict("FAIL", "megakernel split attention, %d rows, against the unfused graphs: %d requests' tokens and "
+                    "%d logit rows differ (%d vs %d rows)", B, bad_ids, bad_rows, h->rows, href->rows);
+        else
+            verdict("PASS", "megakernel split attention (16 pieces a row), %d rows, against the unfused graphs: %d "
+                    "logit rows bit-identical", B, h->rows);
+        engine_outputs_free(out, B);
         engine_outputs_free(ref, B);
         free(href), free(h);
     }

@@ -103,7 +103,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
-# pf=0|1 the producer's KV prefetch (MV_MEGAKERNEL_PREFETCH_KV); A+B: both (gates=off+pf=1).
+# A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -119,7 +119,6 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
-    pf=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV="${1#pf=}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -234,11 +233,11 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
     grep -E "^  megakernel" "$OUT/sanitizer.$tool.log" | head -1
   done
   # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row)
-  # and its reduction, with the producer's KV prefetch (the tiny runs above never split).
+  # and its reduction (the tiny runs above never split).
   if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
     for tool in memcheck racecheck synccheck; do
-      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 300 + 3, split, pf=1)"
-      MV_MEGAKERNEL=1 MV_MEGAKERNEL_PREFETCH_KV=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
+      echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 300 + 3, split)"
+      MV_MEGAKERNEL=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
         --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 300 --output-len 3 --repeat 1 \
         --no-warmup --max-num-seqs 1 --max-model-len 4096 --kv-cache-gib 1 > "$OUT/sanitizer.split.$tool.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || status=1

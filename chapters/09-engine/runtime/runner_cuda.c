@@ -561,9 +561,9 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1), MV_LINEAR_GEMV (2 or 3), MV_MEGAKERNEL_GATES (decode_megakernel_gates),
-// MV_MEGAKERNEL_PREFETCH_KV (0 or 1):
-// any other value is refused at creation, naming it, rather than read as
+// 1), MV_LINEAR_GEMV (2 or 3), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// any other value is refused at
+// creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
 static int check_switches(void) {
     const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
@@ -583,10 +583,6 @@ static int check_switches(void) {
     if (att && strcmp(att, "3") && strcmp(att, "4"))
         return mv_error("MV_DECODE_ATTENTION=%s: it takes 3 or 4 (the decode attention version; default %d)", att,
                         ATTN_DECODE_FAST);
-    const char *pfkv = getenv("MV_MEGAKERNEL_PREFETCH_KV");
-    if (pfkv && strcmp(pfkv, "0") && strcmp(pfkv, "1"))
-        return mv_error("MV_MEGAKERNEL_PREFETCH_KV=%s: it takes 0 or 1 (the megakernel's producer asks L2 for each "
-                        "layer's KV cache)", pfkv);
     int gate[4], gated;
     char why[160];
     if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), gate, &gated, why, sizeof why))
