@@ -879,6 +879,58 @@ def render_megakernel_gates():
     return "\n".join(out) + "\n"
 
 
+ATTEMPTS_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel-attempts.txt")
+ATTEMPTS = (("r73-kernel", 73, "the kernel (reduction phase, no prefetch)"),
+            ("r73-stage", 73, "`MV_MEGAKERNEL_REDUCE=stage`: the reduction in o_proj's staging"),
+            ("r73-prefetch1", 73, "`MV_MEGAKERNEL_PREFETCH_KV=1`, issued with the qkv refill"),
+            ("r73-stage-prefetch1", 73, "both"),
+            ("r75-kernel", 75, "the kernel (reduction phase, no prefetch)"),
+            ("r75-prefetch2", 75, "`MV_MEGAKERNEL_PREFETCH_KV=1`, issued after the layer before's last barrier"))
+
+
+def render_megakernel_attempts():
+    """Two megakernel changes measured and taken out (runs 73 and 75, json/09-engine.attempts-NAME.{single,two}.
+    {1,2}.json): one stream and two streams, each against the kernel of the same run, and the profiles of run 73
+    (docs/results/09-engine-megakernel-attempts.txt)."""
+    runs = {}
+    for k, _, _ in ATTEMPTS:
+        for shape in ("single", "two"):
+            for r in (1, 2):
+                runs[k, shape, r] = load(f"09-engine.attempts-{k}.{shape}.{r}.json")
+    if not all(runs.values()) or not os.path.exists(ATTEMPTS_TXT):
+        return None
+    d73, d75 = runs["r73-kernel", "single", 1], runs["r75-kernel", "single", 1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs B "
+           f"--prompt-len 512 --output-len 256 --repeat 3` (B = 1, then 2) on **{d73['gpu']}**, {d73['date'][:10]}, "
+           f"run 73 at commit {d73['commit']} and run 75 at commit {d75['commit']} (`VARIANTS=... TWO=1 bash "
+           f"tests/gpu/megakernel.sh`), the variants alternated, two rounds. Output tok/s, median of 3, round 1 / "
+           f"round 2, and the mean of the rounds against the kernel of the same run:", "",
+           "| run | megakernel | one stream | two streams | one / kernel | two / kernel |",
+           "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    mean = lambda k, shape: sum(runs[k, shape, r]["output_tok_s"] for r in (1, 2)) / 2
+    for k, run, label in ATTEMPTS:
+        base = f"r{run}-kernel"
+        cells = [" / ".join(f"{runs[k, shape, r]['output_tok_s']:,.0f}" for r in (1, 2)) for shape in ("single", "two")]
+        ratios = [f"{100 * mean(k, shape) / mean(base, shape):.1f}%" for shape in ("single", "two")]
+        out.append(f"| {run} | {label} | {cells[0]} | {cells[1]} | {ratios[0]} | {ratios[1]} |")
+    block = run_block(open(ATTEMPTS_TXT).read().splitlines(), 73)
+    prof = {}
+    for tag in ("mk1", "red=stage", "pf=1"):
+        i = next(i for i, l in enumerate(block) if f"MV_MEGAKERNEL_PROFILE=1, {tag}:" in l)
+        prof[tag] = profile_at(block, i + 1)
+    out += ["", "The profiles of run 73's last step (`MV_MEGAKERNEL_PROFILE=1`, "
+            "docs/results/09-engine-megakernel-attempts.txt), the mean over the 28 layers, in us (work + barrier):", "",
+            "| phase | the kernel | reduction in o_proj's staging | prefetch with the qkv refill |",
+            "| --- | ---: | ---: | ---: |"]
+    rows = {tag: {name: (a, b) for name, a, b in prof[tag][0]} for tag in prof}
+    for name, _, _ in prof["mk1"][0]:
+        cell = lambda tag: f"{rows[tag][name][0]:.2f} + {rows[tag][name][1]:.2f}" if name in rows[tag] else "(none)"
+        out.append(f"| {name} | {cell('mk1')} | {cell('red=stage')} | {cell('pf=1')} |")
+    out.append("| to the last barrier | " + " | ".join(f"{prof[t][2]:,.1f} ({prof[t][1]} barriers)"
+                                                  for t in ("mk1", "red=stage", "pf=1")) + " |")
+    return "\n".join(out) + "\n"
+
+
 def render_gemv_ab():
     """The latency mode at 1 to 8 rows with linear_cuda's own GEMV choice (version 2 up to M = 4, version 3 from
     M = 5) and with version 2 everywhere (MV_LINEAR_GEMV=2), alternated, two rounds
@@ -1240,6 +1292,9 @@ def blocks():
     gates = render_megakernel_gates()
     if gates:
         out["09-engine:megakernel-gates"] = ("09-engine.gates-default.single.1.json", gates)
+    att = render_megakernel_attempts()
+    if att:
+        out["09-engine:megakernel-attempts"] = ("09-engine.attempts-r73-kernel.single.1.json", att)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
