@@ -364,6 +364,34 @@ static void hash_logits(void *ctx, int request, int gen_index, const float *logi
     lh->rows++;
 }
 
+// How many of n requests' tokens differ between two runs (*bad_ids), and
+// how many of their logit rows (*bad_rows, by the hashes).
+static void count_differences(const engine_output_t *a, const engine_output_t *b, const logit_hashes_t *ha,
+                              const logit_hashes_t *hb, int n, int *bad_ids, int *bad_rows) {
+    *bad_ids = *bad_rows = 0;
+    for (int i = 0; i < n; i++) {
+        if (a[i].num_tokens != b[i].num_tokens ||
+            memcmp(a[i].token_ids, b[i].token_ids, (size_t)a[i].num_tokens * sizeof(int32_t)))
+            (*bad_ids)++;
+        for (int k = 0; k < MAX_IDS; k++) *bad_rows += ha->hash[i][k] != hb->hash[i][k];
+    }
+}
+
+// A cuda engine's config with random weights for a directory with a config alone.
+static engine_config_t random_weights_config(const char *dir, int max_model_len, int max_num_seqs, int max_batched,
+                                             long long kv_cache_bytes) {
+    engine_config_t c = engine_config_default(dir);
+    c.device = RUNNER_DEVICE_CUDA;
+    c.max_model_len = max_model_len;
+    c.max_num_seqs = max_num_seqs;
+    c.max_num_batched_tokens = max_batched;
+    c.block_size = 16;
+    c.num_threads = 2;
+    c.random_weights = 1;
+    c.kv_cache_bytes = kv_cache_bytes;
+    return c;
+}
+
 // The engine of run_hashed: max_num_seqs rows; random_weights for a
 // directory with a config alone (Qwen3-0.6B's shapes: a 256 MiB cache).
 static engine_t *make_graph_engine(const char *dir, int eager, int max_num_seqs, int random_weights) {
@@ -374,16 +402,8 @@ static engine_t *make_graph_engine(const char *dir, int eager, int max_num_seqs,
     if (!random_weights) {
         e = make_engine(dir, RUNNER_DEVICE_CUDA, &rc);
     } else {
-        engine_config_t c = engine_config_default(dir);
-        c.device = RUNNER_DEVICE_CUDA;
-        c.max_model_len = 128;
-        c.max_num_seqs = max_num_seqs;
-        c.max_num_batched_tokens = 512;
-        c.block_size = 16;
-        c.num_threads = 2;
+        engine_config_t c = random_weights_config(dir, 128, max_num_seqs, 512, 256LL << 20);
         c.enforce_eager = eager;
-        c.random_weights = 1;
-        c.kv_cache_bytes = 256LL << 20;
         if (engine_create(&c, &e)) e = NULL;
     }
     g_enforce_eager = saved;
@@ -469,13 +489,8 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
                 free(ha), free(hb);
                 return;
             }
-            int bad_ids = 0, bad_rows = 0;
-            for (int i = 0; i < n; i++) {
-                if (a[i].num_tokens != b[i].num_tokens ||
-                    memcmp(a[i].token_ids, b[i].token_ids, (size_t)a[i].num_tokens * sizeof(int32_t)))
-                    bad_ids++;
-                for (int k = 0; k < MAX_IDS; k++) bad_rows += ha->hash[i][k] != hb->hash[i][k];
-            }
+            int bad_ids, bad_rows;
+            count_differences(a, b, ha, hb, n, &bad_ids, &bad_rows);
             const int ran = B <= mk;
             char how[160];
             if (use)
@@ -544,15 +559,7 @@ static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *l
     char saved[32];
     snprintf(saved, sizeof saved, "%s", was ? was : "");
     setenv("MV_MEGAKERNEL", mk, 1);
-    engine_config_t c = engine_config_default("tests/data/qwen3-0.6b-shape");
-    c.device = RUNNER_DEVICE_CUDA;
-    c.max_model_len = 4096;
-    c.max_num_seqs = B;
-    c.max_num_batched_tokens = 1024;
-    c.block_size = 16;
-    c.num_threads = 2;
-    c.random_weights = 1;
-    c.kv_cache_bytes = 1LL << 30;
+    engine_config_t c = random_weights_config("tests/data/qwen3-0.6b-shape", 4096, B, 1024, 1LL << 30);
     engine_t *e = NULL;
     int rc = engine_create(&c, &e);
     if (was) setenv("MV_MEGAKERNEL", saved, 1);
@@ -594,13 +601,8 @@ static void check_megakernel_split(void) {
             free(href), free(h);
             continue;
         }
-        int bad_ids = 0, bad_rows = 0;
-        for (int i = 0; i < B; i++) {
-            if (out[i].num_tokens != ref[i].num_tokens ||
-                memcmp(out[i].token_ids, ref[i].token_ids, (size_t)out[i].num_tokens * sizeof(int32_t)))
-                bad_ids++;
-            for (int k = 0; k < MAX_IDS; k++) bad_rows += h->hash[i][k] != href->hash[i][k];
-        }
+        int bad_ids, bad_rows;
+        count_differences(out, ref, h, href, B, &bad_ids, &bad_rows);
         if (megakernel_expected() && mk < B)
             verdict("FAIL", "megakernel split attention, %d rows: the graphs did not take the megakernel (steps of 1 "
                     "to %d rows)", B, mk);
@@ -628,13 +630,8 @@ static void check_graphs_vs_eager(const char *dir, const golden_t *g) {
             free(ha), free(hb);
             return;
         }
-        int bad_ids = 0, bad_rows = 0;
-        for (int i = 0; i < g->n_cases; i++) {
-            if (a[i].num_tokens != b[i].num_tokens ||
-                memcmp(a[i].token_ids, b[i].token_ids, (size_t)a[i].num_tokens * sizeof(int32_t)))
-                bad_ids++;
-            for (int k = 0; k < MAX_IDS; k++) bad_rows += ha->hash[i][k] != hb->hash[i][k];
-        }
+        int bad_ids, bad_rows;
+        count_differences(a, b, ha, hb, g->n_cases, &bad_ids, &bad_rows);
         if (graphs == 0 || none != 0)
             verdict("FAIL", "%s graphs vs eager, %s: %d graphs captured with graphs on, %d with --enforce-eager", dir,
                     what, graphs, none);
