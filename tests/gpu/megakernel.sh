@@ -99,7 +99,7 @@ fi
 
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # The alternated variants (VARIANTS, default "mk1 mk0") and the profiled ones (PROFILES, default
-# "mk1"): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
+# "mk1"; "none": no run): mk1 the megakernel, mk0 the unfused graphs, fr0 / fr1 the megakernel with its q/k norm +
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
@@ -126,6 +126,7 @@ variant_env() {
 vname() { echo "$1" | tr '=,:+' '____'; }
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
+    [ "$v" = none ] && continue
     e=$(variant_env "$v") || exit 2
     bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
     echo "=================== one stream, $v: $e (round $round)"
