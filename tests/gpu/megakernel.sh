@@ -11,8 +11,11 @@
 #   2. one stream (512 + 256, random weights, Qwen3-0.6B's shapes) with the megakernel
 #      (MV_MEGAKERNEL=1, the default) and without it (MV_MEGAKERNEL=0: the unfused graphs),
 #      alternated; its profile (MV_MEGAKERNEL_PROFILE=1); the latency mode at batch 1, 2 and 8
-#   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over a generate run whose
-#      decode steps take the megakernel
+#   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over bench runs whose
+#      decode steps take the megakernel: tiny-qwen3-mha at 4 rows (MK_SANITIZE_TINY=0 skips it),
+#      Qwen3-0.6B's shapes at one row and max_model_len 4096, its attention in 16 pieces
+#      (MK_SANITIZE_SPLIT=0 skips it); and memcheck, racecheck over 8 rows of the unfused graphs
+#      (MK_SANITIZE_B8=0 skips it)
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
 #      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
 #   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
