@@ -709,6 +709,15 @@ def profile_at(lines, start):
     return rows, int(m.group(1)), float(m.group(2))
 
 
+def layer_total_row(*profiles):
+    """A profile table's last row: each profile's (phase, work, barrier) rows summed, "work + barrier = layer"."""
+    cells = []
+    for rows in profiles:
+        w, b = sum(r[1] for r in rows), sum(r[2] for r in rows)
+        cells.append(f"{w:.2f} + {b:.2f} = {w + b:.2f}")
+    return "| a layer | " + " | ".join(cells) + " |"
+
+
 def load_rounds(fmt, keys, txt=None):
     """{(key, round): json} of fmt.format(k=key, r=round) for rounds 1 and 2, or None when a file (or txt) is missing."""
     runs = {(k, r): load(fmt.format(k=k, r=r)) for k in keys for r in (1, 2)}
@@ -819,9 +828,7 @@ def render_megakernel_rope():
             x, y = on_by[key]
             label = "attention pieces (with q/k norm + RoPE in the pieces)" if key != name else name
             out.append(f"| {label} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
-    ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
-    (wa, ba), (wb, bb) = ws(off), ws(on)
-    out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
+    out.append(layer_total_row(off, on))
     return "\n".join(out) + "\n"
 
 
@@ -873,9 +880,7 @@ def render_megakernel_gates():
             f"barrier):", "", "| phase | gates off | default gates |", "| --- | ---: | ---: |"]
     for (name, a, b), (_, x, y) in zip(off_rows, on_rows):
         out.append(f"| {name} | {a:.2f} + {b:.2f} | {x:.2f} + {y:.2f} |")
-    ws = lambda rows: (sum(r[1] for r in rows), sum(r[2] for r in rows))
-    (wa, ba), (wb, bb) = ws(off_rows), ws(on_rows)
-    out.append(f"| a layer | {wa:.2f} + {ba:.2f} = {wa + ba:.2f} | {wb:.2f} + {bb:.2f} = {wb + bb:.2f} |")
+    out.append(layer_total_row(off_rows, on_rows))
     return "\n".join(out) + "\n"
 
 
