@@ -14,14 +14,18 @@
 #   3. MK_SANITIZE=1: compute-sanitizer memcheck, racecheck and synccheck over bench runs whose
 #      decode steps take the megakernel: tiny-qwen3-mha at 4 rows (MK_SANITIZE_TINY=0 skips it),
 #      Qwen3-0.6B's shapes at one row and max_model_len 4096, its attention in 16 pieces
-#      (MK_SANITIZE_SPLIT=0 skips it); and memcheck, racecheck over 8 rows of the unfused graphs
-#      (MK_SANITIZE_B8=0 skips it)
+#      (MK_SANITIZE_SPLIT=0 skips it; MK_SANITIZE_SPLIT_TOOLS its tools, SAN_KERNEL=NAME instruments
+#      only the kernels whose name holds NAME); and memcheck, racecheck over 8 rows of the unfused
+#      graphs (MK_SANITIZE_B8=0 skips it)
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
 #      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
 #   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
 #      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
 #   6. NCU=1: Nsight Compute's warp-state sampling (WarpStateStats, SchedulerStats) over one launch
 #      of the megakernel in a one-stream bench (ncu.megakernel.txt)
+#   9. TIMELINE=1: one stream's decode steps on a timeline (nsys, the graphs' nodes traced; ncu's
+#      per-kernel times where nsys is missing): every kernel of the last steps and the GPU's idle gaps
+#      between them (timeline.txt)
 #   8. LATENCY_AB=1: the latency mode at 1 to 8 rows, linear_cuda's GEMV choice against version 2
 #   7. BATCH_AB="4 8": one bench of B rows each (512 + 256) with linear_cuda's own GEMV choice and
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
@@ -206,6 +210,27 @@ if [ "${NCU:-0}" = 1 ]; then
   fi
 fi
 
+if [ "${TIMELINE:-0}" = 1 ]; then
+  echo "=================== one stream's decode steps on a timeline (512 + 64)"
+  NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  targs=(bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 64 --repeat 1 --max-num-seqs 1)
+  if [ -n "$NSYS_BIN" ]; then
+    timeout "${TIMELINE_S:-150}" "$NSYS_BIN" profile --cuda-graph-trace=node --trace=cuda -o /tmp/mv-tl -f true \
+      ./build/minivllm "${targs[@]}" > "$OUT/timeline.nsys.log" 2>&1
+    echo "nsys rc=$?"
+    timeout 120 "$NSYS_BIN" stats --report cuda_gpu_trace --format csv -o /tmp/mv-tl /tmp/mv-tl.nsys-rep > /dev/null 2>&1
+    f=$(ls /tmp/mv-tl*cuda_gpu_trace*.csv 2>/dev/null | head -1)
+    [ -n "$f" ] && cp "$f" "$OUT/timeline.csv" && python3 tests/gpu/timeline.py "$OUT/timeline.csv" --json "$OUT/09-engine.timeline.json" | tee "$OUT/timeline.txt"
+  else
+    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    echo "no nsys: ncu's gpu__time_duration of each graph node (each kernel alone)"
+    timeout "${TIMELINE_S:-150}" "$NCU_BIN" --graph-profiling node --clock-control none --cache-control none \
+      --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm "${targs[@]/64/4}" > "$OUT/timeline.ncu.csv" 2>&1
+    echo "ncu rc=$?"
+    grep -E '^"[0-9]' "$OUT/timeline.ncu.csv" | tail -20 | awk -F'","' '{print $5 " | " $NF}' | cut -c1-160
+  fi
+fi
+
 if [ "${CH03:-0}" = 1 ]; then
   echo "=================== chapter 03 (linear versions 1-3: checks and the small-M table)"
   timeout "${CH03_S:-240}" ./build/03-linear-tp --json "$OUT/03-linear-tp.json" > "$OUT/03-linear-tp.txt" 2>&1
@@ -239,13 +264,14 @@ if [ "${MK_SANITIZE:-0}" = 1 ]; then
   # Qwen3-0.6B's shapes at max_model_len 4096: the megakernel's split attention (16 pieces a row)
   # and its reduction (the tiny runs above never split).
   if [ "${MK_SANITIZE_SPLIT:-1}" = 1 ]; then
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${MK_SANITIZE_SPLIT_TOOLS:-memcheck racecheck synccheck}; do
       echo "=================== compute-sanitizer --tool $tool, bench (Qwen3-0.6B shapes, 1 row, 300 + 3, split)"
-      MV_MEGAKERNEL=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" \
+      MV_MEGAKERNEL=1 timeout "${SAN_S:-200}" "$CS" --tool "$tool" ${SAN_KERNEL:+--kernel-name kns=$SAN_KERNEL} \
         --error-exitcode 9 ./build/minivllm bench "${model[@]}" --num-seqs 1 --prompt-len 300 --output-len 3 --repeat 1 \
         --no-warmup --max-num-seqs 1 --max-model-len 4096 --kv-cache-gib 1 > "$OUT/sanitizer.split.$tool.log" 2>&1
       rc=$?; [ $rc -eq 0 ] || status=1
       echo "split $tool rc=$rc: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.split.$tool.log" | tail -1)"
+      grep -E "^========= +(Error|Warning): .*[Hh]azard" -A3 "$OUT/sanitizer.split.$tool.log" | grep -E "hazard|at .* in " | sort | uniq -c | sort -rn | head -12
       grep -E "^  megakernel" "$OUT/sanitizer.split.$tool.log" | head -1
     done
   fi
