@@ -31,12 +31,12 @@
  * tokens the request had generated, token id), never on the batch or the
  * order rows run in, nor on the backend.
  *
- * Versions (the same ids, bit for bit; build/engine_check runs both):
+ * Versions (the same ids, bit for bit; build/engine_check runs each):
  *   1  one block of 1024 threads per row; every bisection step is one pass
  *      over the row (about 100 passes for top-k + top-p, 1 for greedy, 2
  *      for temperature alone): 100 x 608 KB a row for Qwen3's default.
  *      Written for reading and exactness; kept as the readable kernel.
- *   2  SAMPLING_FAST, the engine's: one block of 512 threads per row. One
+ *   2  one block of 512 threads per row. One
  *      pass keeps each thread's 4 largest finite (key, id) packs in
  *      registers; their union (2048) is sorted in shared memory; its k-th
  *      entry bounds the top-k set, which is the union's first k whenever no
@@ -51,6 +51,13 @@
  *      to version 1's bisection in the same kernel. Static shared memory (16.6 KB), no
  *      allocation: safe to capture in a CUDA graph. Costs and predicted
  *      times: kernels/sampling.cu.
+ *   3  SAMPLING_FAST, the engine's: version 2, except that a greedy row
+ *      (temperature 0) is cut into up to 32 slices, one block each, when
+ *      there are few rows (2 x SMs / rows slices), and the last block of
+ *      the row to finish combines their argmaxes (largest pack, count of
+ *      finite logits, +inf seen): one row's read spread over 32 SMs instead
+ *      of one. Needs a workspace (sample_tokens_ws_bytes), zeroed once when
+ *      allocated; each launch leaves it zeroed again. Same ids as 1 and 2.
  *
  * Build: nvcc without -ftz=true / --use_fast_math (the Makefile's flags):
  * flushing subnormal logits would be the one difference left.
@@ -67,8 +74,8 @@
 extern "C" {
 #endif
 
-#define SAMPLING_NUM_VERSIONS 2
-#define SAMPLING_FAST 2  // the version the engine uses
+#define SAMPLING_NUM_VERSIONS 3
+#define SAMPLING_FAST 3  // the version the engine uses
 
 const char *sampling_version_name(int version);
 
@@ -82,6 +89,18 @@ const char *sampling_version_name(int version);
 int sample_tokens_cuda(int version, int32_t *d_out, const float *d_logits, long long logits_stride, int num_rows,
                        int vocab, const float *d_temperature, const int32_t *d_top_k, const float *d_top_p,
                        const uint64_t *d_seed, const int64_t *d_gen_index, cudaStream_t stream);
+
+// The same with a device workspace of ws_bytes (16-byte aligned), which
+// version 3 needs: sample_tokens_ws_bytes(3, rows) for up to `rows` rows,
+// zeroed once after allocation (cudaMemset); every launch leaves it zeroed.
+// One launch at a time per workspace. Versions 1 and 2 ignore it
+// (sample_tokens_cuda is this call with none).
+int sample_tokens_ws_cuda(int version, int32_t *d_out, const float *d_logits, long long logits_stride, int num_rows,
+                          int vocab, const float *d_temperature, const int32_t *d_top_k, const float *d_top_p,
+                          const uint64_t *d_seed, const int64_t *d_gen_index, void *d_ws, size_t ws_bytes,
+                          cudaStream_t stream);
+// Bytes of workspace a version needs for up to num_rows rows (0: none).
+size_t sample_tokens_ws_bytes(int version, int num_rows);
 
 // out [n] fp32 = in [n] bf16: the LM head writes bf16, the sampler and the
 // host (on_logits) read fp32.

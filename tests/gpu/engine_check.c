@@ -703,6 +703,26 @@ typedef struct {
     int64_t *gen;
 } sbufs_t;
 
+// The sampler through a workspace (version 3 needs one; 1 and 2 ignore it):
+// one buffer for the whole check, grown when a launch needs more rows,
+// zeroed when allocated (every launch leaves it zeroed again).
+static void *g_sample_ws;
+static size_t g_sample_ws_bytes;
+static int sample_ws(int version, int32_t *out, const float *logits, long long stride, int rows, int V,
+                     const float *temp, const int32_t *top_k, const float *top_p, const uint64_t *seed,
+                     const int64_t *gen, cudaStream_t stream) {
+    const size_t need = sample_tokens_ws_bytes(version, rows);
+    if (need > g_sample_ws_bytes) {
+        if (CUDA_TRY(cudaDeviceSynchronize())) return -1;
+        cudaFree(g_sample_ws);
+        g_sample_ws = NULL, g_sample_ws_bytes = 0;
+        if (CUDA_TRY(cudaMalloc(&g_sample_ws, need)) || CUDA_TRY(cudaMemset(g_sample_ws, 0, need))) return -1;
+        g_sample_ws_bytes = need;
+    }
+    return sample_tokens_ws_cuda(version, out, logits, stride, rows, V, temp, top_k, top_p, seed, gen, g_sample_ws,
+                                 g_sample_ws_bytes, stream);
+}
+
 // Run GPU sampler version `version` on rows of `stride` floats (vocab used)
 // with per-row parameters; ids to out.
 static int gpu_sample(int version, const float *logits, long long stride, int rows, int V, const float *temp,
@@ -726,8 +746,7 @@ static int gpu_sample(int version, const float *logits, long long stride, int ro
              CUDA_TRY(cudaMemcpy(d.gen, gen, R * sizeof(int64_t), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t)));  // poisoned: an unwritten row shows
     if (!rc)
-        rc = sample_tokens_cuda(version, d.out, d.logits, stride, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen,
-                                0) ||
+        rc = sample_ws(version, d.out, d.logits, stride, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
              CUDA_TRY(cudaDeviceSynchronize()) ||
              CUDA_TRY(cudaMemcpy(out, d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));
     cudaFree(d.logits), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k), cudaFree(d.out), cudaFree(d.seed),
@@ -936,6 +955,35 @@ static const path_case_t PATH_CASES[] = {
 };
 #define N_PATH_CASES ((int)(sizeof PATH_CASES / sizeof *PATH_CASES))
 
+// Greedy rows at a few rows a launch, where version 3 cuts each row into
+// up to 32 slices (2 x SMs / rows): every kind of row, 4 rows a launch, so
+// that an argmax, a tie (ROW_TIE3: the same largest value at V/3, V/2 and
+// V - 1, in different slices), the one finite value (ROW_ONE_FINITE) or a
+// +inf (ROW_POS_INF) lands in any slice, and rows without a finite value
+// combine to -1.
+static void check_sampler_greedy_split(int V, long long stride, rng_t *g) {
+    const int R = 4;
+    float *l = malloc((size_t)R * (size_t)stride * sizeof *l), temp[4] = {0}, tp[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    int32_t tk[4] = {0};
+    uint64_t seed[4];
+    int64_t gen[4];
+    int kind[4];
+    for (int k0 = 0; k0 < ROW_NUM_KINDS; k0 += R) {
+        for (int r = 0; r < R; r++) {
+            kind[r] = (k0 + r) % ROW_NUM_KINDS;
+            float *x = l + (size_t)r * stride;
+            fill_row(g, x, V, kind[r]);
+            for (long long i = V; i < stride; i++) x[i] = NAN;
+            seed[r] = rng_u64(g), gen[r] = r;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "greedy split vocab %d%s, kinds %d-%d", V, stride != V ? " (rows strided)" : "",
+                 k0, k0 + R - 1);
+        compare_with_reference(what, V, stride, R, l, temp, tk, tp, seed, gen, kind);
+    }
+    free(l);
+}
+
 static void check_sampler_paths(int V, rng_t *g) {
     const int R = N_PATH_CASES * PATH_ROWS;
     float *l = malloc((size_t)R * (size_t)V * sizeof *l), *temp = malloc(R * sizeof *temp),
@@ -1079,12 +1127,12 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
                hi[SAMPLING_NUM_VERSIONS + 1] = {0};
         for (int v = 1; v <= SAMPLING_NUM_VERSIONS && !rc; v++) {
             rc = CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t))) ||  // poisoned: an unwritten row shows
-                 sample_tokens_cuda(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                 sample_ws(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
                  CUDA_TRY(cudaMemcpy(h_ids[v], d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));  // + warm-up
             for (int i = 0; i < reps && !rc; i++) {
                 rc = CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
                      CUDA_TRY(cudaEventRecord(t0, 0)) ||
-                     sample_tokens_cuda(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                     sample_ws(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
                      CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1)) ||
                      CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));
             }
@@ -1384,8 +1432,8 @@ static int opts_upload(const obufs_t *d, const opts_batch_t *b) {
 static int opts_launch(int version, const obufs_t *d, const opts_batch_t *b, cudaStream_t stream) {
     return sampling_prepare_cuda(d->logits, b->stride, b->R, b->V, d->opts, d->ids, d->counts, d->raw, d->lp,
                                  stream) ||
-                   sample_tokens_cuda(version, d->out, d->logits, b->stride, b->R, b->V, d->temp, d->top_k,
-                                      d->top_p, d->seed, d->gen, stream) ||
+                   sample_ws(version, d->out, d->logits, b->stride, b->R, b->V, d->temp, d->top_k, d->top_p, d->seed,
+                             d->gen, stream) ||
                    sampling_logprobs_finish_cuda(d->out, d->raw, b->stride, b->R, d->opts, d->lp, stream)
                ? -1
                : 0;
@@ -1641,8 +1689,8 @@ static void time_sampler_options(int rows, int V, int reps, rng_t *g) {
             rc = CUDA_TRY(cudaMemcpyAsync(dc.logits, pristine, n * sizeof(float), cudaMemcpyDeviceToDevice, 0)) ||
                  CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
                  CUDA_TRY(cudaEventRecord(t0, 0)) ||
-                 (c == 0 ? sample_tokens_cuda(SAMPLING_FAST, dc.out, dc.logits, V, rows, V, dc.temp, dc.top_k, dc.top_p,
-                                              dc.seed, dc.gen, 0)
+                 (c == 0 ? sample_ws(SAMPLING_FAST, dc.out, dc.logits, V, rows, V, dc.temp, dc.top_k, dc.top_p,
+                                     dc.seed, dc.gen, 0)
                          : opts_launch(SAMPLING_FAST, &dc, &b, 0)) ||
                  CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1));
             if (!rc && i >= 0) rc = CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));
@@ -1831,6 +1879,10 @@ static void check_sampler(void) {
     check_sampler_vocab(151936, 151936, 160, &g);
     // Version 2's paths: Qwen3's vocabulary; 4099 and 2050 (rows off 16-byte
     // boundaries, the lists of the last threads short); small ones.
+    check_sampler_greedy_split(151936, 151936, &g);
+    check_sampler_greedy_split(4097, 4097, &g);
+    check_sampler_greedy_split(1000, 1003, &g);
+    check_sampler_greedy_split(3, 3, &g);
     check_sampler_paths(151936, &g);
     check_sampler_paths(4099, &g);
     check_sampler_paths(2050, &g);
@@ -1839,6 +1891,7 @@ static void check_sampler(void) {
     check_sampler_frequencies();
     check_sampler_options(&g);
     time_sampler(256, 151936, 11, &g);
+    time_sampler(1, 151936, 21, &g);
 }
 #endif
 

@@ -110,7 +110,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
-# A+B: both (gates=off+fr0).
+# s1 / s2 / s3 the sampler's version (MV_SAMPLER; kernels/sampling.h), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -126,6 +126,7 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
+    s1|s2|s3) echo MV_SAMPLER="${1#s}" ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }

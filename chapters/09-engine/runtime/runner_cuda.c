@@ -45,7 +45,7 @@
  *   bf16_to_f32_cuda                            logits fp32
  *   sampling_prepare_cuda                       vLLM's other options on the rows that use
  *                                               them (penalties, min_tokens, min_p, logprobs)
- *   sample_tokens_cuda                          N ids (step_sample), or the
+ *   sample_tokens_ws_cuda                       N ids (step_sample), or the
  *                                               fp32 logits to the host (step)
  *   sampling_logprobs_finish_cuda               the sampled tokens' logprobs
  *
@@ -193,6 +193,9 @@ typedef struct {
     int opt_ids_cap;                  // Sm x (max_model_len + OPT_STOP_IDS)
     uint32_t *d_counts;               // [Sm, V] the penalties' id counts: zero between steps
     float *d_raw;                     // [Sm, V] the raw logits of the rows that use an option
+    int sampling_version;             // sample_tokens_cuda's version: SAMPLING_FAST, or MV_SAMPLER
+    void *d_sample_ws;                // its workspace for Sm rows (version 3), zeroed once
+    size_t sample_ws_bytes;
     // Decode steps (every row one token, every row sampled) run padded to
     // one of these batch sizes, as a CUDA graph captured at creation (or,
     // with enforce_eager, the same kernels launched one by one).
@@ -463,7 +466,7 @@ static void cuda_destroy(model_runner_t *r) {
     void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
                        s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
-                       s->d_raw,       s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline};
+                       s->d_raw,       s->d_sample_ws, s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     if (s->h_stage) cudaFreeHost(s->h_stage);
     if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
@@ -561,7 +564,8 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // but its KV cache and its graphs (the part that needs no other rank).
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1), MV_LINEAR_GEMV (2 or 3), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
+// version), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
 // any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
@@ -591,6 +595,10 @@ static int check_switches(void) {
     if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3"))
         return mv_error("MV_LINEAR_GEMV=%s: it takes 2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the "
                         "default)", gemv);
+    const char *smp = getenv("MV_SAMPLER");
+    if (smp && strcmp(smp, "1") && strcmp(smp, "2") && strcmp(smp, "3"))
+        return mv_error("MV_SAMPLER=%s: it takes 1, 2 or 3 (kernels/sampling.h's versions; default %d)", smp,
+                        SAMPLING_FAST);
     return 0;
 }
 
@@ -610,6 +618,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
+    s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
     s->collectives = s->layout.tp_size > 1 || comm_of_one();
@@ -696,6 +705,10 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
         dev_alloc((void **)&s->d_counts, Sm * V * sizeof(uint32_t), sb, "the penalties' counts") ||
         dev_alloc((void **)&s->d_raw, Sm * V * sizeof(float), sb, "the raw logits of option rows") ||
         (s->d_counts && CUDA_TRY(cudaMemsetAsync(s->d_counts, 0, Sm * V * sizeof(uint32_t), s->stream))))
+        return -1;
+    s->sample_ws_bytes = V ? sample_tokens_ws_bytes(s->sampling_version, (int)Sm) : 0;
+    if (dev_alloc(&s->d_sample_ws, s->sample_ws_bytes, sb, "the sampler's workspace") ||
+        (s->d_sample_ws && CUDA_TRY(cudaMemsetAsync(s->d_sample_ws, 0, s->sample_ws_bytes, s->stream))))
         return -1;
     if (s->opt_ids_cap && CUDA_TRY(cudaMallocHost((void **)&s->h_opt_ids, (size_t)s->opt_ids_cap * sizeof(int32_t)))) {
         s->h_opt_ids = NULL;
@@ -1140,8 +1153,9 @@ static int enqueue_sample(model_runner_t *r, int N, int opts) {
     const int V = r->cfg.vocab_size;
     return (opts && sampling_prepare_cuda(s->d_logits, V, N, V, s->d.opts, s->d_opt_ids, s->d_counts, s->d_raw,
                                           s->d.lp, s->stream)) ||
-           sample_tokens_cuda(SAMPLING_FAST, s->d.sampled, s->d_logits, V, N, V, s->d.temperature, s->d.top_k,
-                              s->d.top_p, s->d.seed, s->d.gen_index, s->stream) ||
+           sample_tokens_ws_cuda(s->sampling_version, s->d.sampled, s->d_logits, V, N, V, s->d.temperature,
+                                 s->d.top_k, s->d.top_p, s->d.seed, s->d.gen_index, s->d_sample_ws,
+                                 s->sample_ws_bytes, s->stream) ||
            (opts && sampling_logprobs_finish_cuda(s->d.sampled, s->d_raw, V, N, s->d.opts, s->d.lp, s->stream));
 }
 
