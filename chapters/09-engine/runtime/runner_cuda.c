@@ -194,6 +194,12 @@ typedef struct {
     uint32_t *d_counts;               // [Sm, V] the penalties' id counts: zero between steps
     float *d_raw;                     // [Sm, V] the raw logits of the rows that use an option
     int sampling_version;             // sample_tokens_cuda's version: SAMPLING_FAST, or MV_SAMPLER
+    // MV_STEP_TIMES=1: each graphed decode step timed by two events (before its
+    // inputs go up, after its ids come down) and by the host's clock around the
+    // same calls; the means printed when the runner is destroyed.
+    cudaEvent_t step_ev[2];
+    double step_gpu_ms, step_host_s;
+    long long step_timed;
     void *d_sample_ws;                // its workspace for Sm rows (version 3), zeroed once
     size_t sample_ws_bytes;
     // Decode steps (every row one token, every row sampled) run padded to
@@ -437,6 +443,13 @@ static void cuda_destroy(model_runner_t *r) {
     cuda_state_t *s = r->state;
     if (!s) return;
     if (s->d_mk_timeline) megakernel_profile_print(r, s);
+    if (s->step_timed > 0)
+        fprintf(stderr, "minivllm: %lld graphed decode steps (MV_STEP_TIMES=1): %.1f us a step on the GPU (events "
+                "from before the inputs' upload to after the ids' download), %.1f us on the host around the same "
+                "calls\n", s->step_timed, 1e3 * s->step_gpu_ms / (double)s->step_timed,
+                1e6 * s->step_host_s / (double)s->step_timed);
+    for (int k = 0; k < 2; k++)
+        if (s->step_ev[k]) cudaEventDestroy(s->step_ev[k]);
     // Free what exists; errors are ignored here (a failed create may leave
     // a sticky error, and there is nothing left to do with one).
     if (s->stream) cudaStreamSynchronize(s->stream);
@@ -619,6 +632,9 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
+    if (getenv("MV_STEP_TIMES") && !strcmp(getenv("MV_STEP_TIMES"), "1") &&
+        (CUDA_TRY(cudaEventCreate(&s->step_ev[0])) || CUDA_TRY(cudaEventCreate(&s->step_ev[1]))))
+        return -1;
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
     s->collectives = s->layout.tp_size > 1 || comm_of_one();
@@ -1379,6 +1395,9 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
     cuda_state_t *s = r->state;
     const int N = in->num_sample;
     const int decode = is_decode_step(in);
+    const int timed = decode && s->step_ev[1] && s->graphs[0];
+    const double h0 = timed ? now_seconds() : 0.0;
+    if (timed && CUDA_TRY(cudaEventRecord(s->step_ev[0], s->stream))) return -1;
     if (decode ? run_decode(r, in, sp) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
     if (N > 0) {
         if ((!decode && enqueue_sample(r, N, sp->opts != NULL)) ||
@@ -1390,7 +1409,13 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
             download_logits(r, s, N, logits) || download_raw_rows(r, s, sp, N, logits))
             return -1;
     }
+    if (timed && CUDA_TRY(cudaEventRecord(s->step_ev[1], s->stream))) return -1;
     if (finish_step(s)) return -1;
+    if (timed) {
+        float ms = 0.0f;
+        if (CUDA_TRY(cudaEventElapsedTime(&ms, s->step_ev[0], s->step_ev[1]))) return -1;
+        s->step_gpu_ms += ms, s->step_host_s += now_seconds() - h0, s->step_timed++;
+    }
     for (int k = 0; sp->opts && sp->logprobs && k < N; k++)
         if (sp->opts[k].top_logprobs >= 0) sp->logprobs[k] = s->h.lp[k];
     // A row whose logits have no finite value comes back as -1,
