@@ -936,6 +936,129 @@ def render_megakernel_attempts():
     return "\n".join(out) + "\n"
 
 
+SAMPLER_V3_TXT = os.path.join(HERE, "09-engine-sampler-v3.txt")
+SAMPLER3_LINE = re.compile(r"^sampler timing (\d+) rows x (\d+), (.+?): v1-bisect ([\d.]+) ms .*?v2-shortlist ([\d.]+) ms "
+                           r".*?v3-split-greedy ([\d.]+) ms .*?median of (\d+)")
+STEP_TIMES_LINE = re.compile(r"^(s[123]|mk0) (?:r([12]) )?minivllm: (\d+) graphed decode steps \(MV_STEP_TIMES=1\): "
+                             r"([\d.]+) us a step on the GPU .*?, ([\d.]+) us on the host")
+
+
+def tail_kernels(run):
+    """The kernels of one-stream decode steps in a graph, each timed alone by ncu (json/09-engine.tail-ncu.rRUN.csv:
+    the last three steps): [(short name, mean us)] in the order of a step."""
+    path = os.path.join(JSON_DIR, f"09-engine.tail-ncu.r{run}.csv")
+    if not os.path.exists(path):
+        return None
+    rows = list(csv.reader(open(path)))[1:]
+    names = ["embedding", "decode megakernel", "gather of the sampled rows", "LM head (GEMV)", "logits bf16 to fp32",
+             "sampler: prepare", "sampler: draw", "sampler: finish"]
+    keys = ["embedding", "decode_megakernel", "gather_last", "linear_gemv", "bf16_to_f32", "sampling_prepare",
+            "sample_kernel", "sampling_finish"]
+    out = []
+    for name, key in zip(names, keys):
+        ts = [float(t) / 1e3 for k, t in rows if key in k]
+        if not ts:
+            return None
+        out.append((name, sum(ts) / len(ts)))
+    return out
+
+
+def render_sampler_v3():
+    """Sampler version 3 (a greedy row's argmax over several blocks): its timing against versions 1 and 2 (run 79's
+    engine_check), the draw kernel inside the one-stream graph (ncu, runs 76 and 77), and the engine with each version
+    (run 78, MV_STEP_TIMES=1). docs/results/09-engine-sampler-v3.txt and json/09-engine.steptimes-s{1,2,3}.{1,2}.json."""
+    if not os.path.exists(SAMPLER_V3_TXT):
+        return None
+    lines = open(SAMPLER_V3_TXT).read().splitlines()
+    timing = [m.groups() for m in map(SAMPLER3_LINE.match, run_block(lines, 79)) if m]
+    steps = {(m.group(1), m.group(2)): (float(m.group(4)), float(m.group(5)))
+             for m in map(STEP_TIMES_LINE.match, run_block(lines, 78)) if m}
+    runs = {(v, r): load(f"09-engine.steptimes-s{v}.{r}.json") for v in (1, 2, 3) for r in (1, 2)}
+    t76, t77 = tail_kernels(76), tail_kernels(77)
+    if not timing or not all(runs.values()) or not t76 or not t77 or len(steps) < 6:
+        return None
+    d = runs[3, 1]
+    out = [f"From the `sampler timing` lines of `build/engine_check` on **{d['gpu']}** (run 79, commit {d['commit']}, "
+           f"docs/results/09-engine-sampler-v3.txt; rows of N(0, 3) logits, the L2 cache flushed before each timed "
+           f"launch), in ms:", "",
+           "| rows x vocabulary | sampling | version 1 | version 2 | version 3 | v2 / v3 |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for R, V, label, a, b, c, reps in sorted(timing, key=lambda t: int(t[0])):
+        if label not in ("greedy", "Qwen3 default (T 0.6, top_k 20, top_p 0.95)"):
+            continue
+        out.append(f"| {R} x {int(V):,} (median of {reps}) | {SAMPLER_LABELS.get(label, label)} | {float(a):.3f} | "
+                   f"{float(b):.3f} | {float(c):.3f} | {float(b) / float(c):.1f}x |")
+    draw = lambda t: dict(t)["sampler: draw"]
+    out += ["", f"In the one-stream decode graph (ncu's `gpu__time_duration` of each graph node, one kernel at a time, "
+            f"the mean of the last three steps; `TIMELINE=1 bash tests/gpu/megakernel.sh`): the draw kernel took "
+            f"{draw(t76):.1f} us with version 2 (run 76) and {draw(t77):.1f} us with version 3 (run 77), one greedy "
+            f"row of 151,936 logits.", "",
+            one_stream_head(d) + "(run 78), each sampler version in turn (`MV_SAMPLER=1|2|3`), two rounds, with "
+            "`MV_STEP_TIMES=1`: *GPU us a step* from an event recorded before a step's inputs are copied up to one "
+            "after its ids are copied down, the mean over every graphed decode step of the run (its warm-up and "
+            "three repetitions). Output tok/s (median of 3), TPOT and GPU us a step, round 1 / round 2:", "",
+            "| sampler | output tok/s | TPOT ms | GPU us a step |", "| --- | ---: | ---: | ---: |"]
+    names = {1: "version 1 (bisection)", 2: "version 2 (shortlist)", 3: "version 3 (greedy rows split, the default)"}
+    for v in (1, 2, 3):
+        tok = " / ".join(f"{runs[v, r]['output_tok_s']:,.0f}" for r in (1, 2))
+        tpot = " / ".join(f"{runs[v, r]['tpot_ms']['p50']:.3f}" for r in (1, 2))
+        gpu = " / ".join(f"{steps[f's{v}', str(r)][0]:.1f}" for r in (1, 2))
+        out.append(f"| {names[v]} | {tok} | {tpot} | {gpu} |")
+    two = {(v, k, r): load(f"09-engine.sampler-s{v}.{k}.{r}.json") for v in (2, 3) for k in ("single", "two")
+           for r in (1, 2)}
+    if all(two.values()):
+        mean = lambda v, k: sum(two[v, k, r]["output_tok_s"] for r in (1, 2)) / 2
+        out += ["", f"Run 77 (commit {two[3, 'single', 1]['commit']}) alternated versions 2 and 3 at one and two "
+                f"streams (`VARIANTS=\"s2 s3\" TWO=1`): one stream " +
+                " / ".join(f"{two[2, 'single', r]['output_tok_s']:,.0f}" for r in (1, 2)) + " against " +
+                " / ".join(f"{two[3, 'single', r]['output_tok_s']:,.0f}" for r in (1, 2)) +
+                f" tok/s ({100 * mean(3, 'single') / mean(2, 'single'):.1f}%), two streams " +
+                " / ".join(f"{two[2, 'two', r]['output_tok_s']:,.0f}" for r in (1, 2)) + " against " +
+                " / ".join(f"{two[3, 'two', r]['output_tok_s']:,.0f}" for r in (1, 2)) +
+                f" ({100 * mean(3, 'two') / mean(2, 'two'):.1f}%)."]
+    return "\n".join(out) + "\n"
+
+
+def render_step_span():
+    """A one-stream decode step: its kernels each timed alone by ncu (run 77) against the step's GPU span measured
+    by events (run 78, MV_STEP_TIMES=1, sampler version 3)."""
+    t77 = tail_kernels(77)
+    if not t77 or not os.path.exists(SAMPLER_V3_TXT):
+        return None
+    lines = open(SAMPLER_V3_TXT).read().splitlines()
+    steps = {(m.group(1), m.group(2)): (float(m.group(4)), float(m.group(5)))
+             for m in map(STEP_TIMES_LINE.match, run_block(lines, 78)) if m}
+    runs = [load(f"09-engine.steptimes-s3.{r}.json") for r in (1, 2)]
+    if ("s3", "1") not in steps or ("s3", "2") not in steps or not all(runs):
+        return None
+    d = runs[0]
+    total = sum(t for _, t in t77)
+    gpu = sum(steps["s3", r][0] for r in ("1", "2")) / 2
+    host = sum(steps["s3", r][1] for r in ("1", "2")) / 2
+    tpot = 1e3 * sum(x["tpot_ms"]["p50"] for x in runs) / 2
+    out = [f"One graphed decode step at one stream (512 + 256, Qwen3-0.6B's shapes, random weights) on **{d['gpu']}**: "
+           f"each kernel of the graph timed alone by ncu (`ncu --graph-profiling node --clock-control none "
+           f"--cache-control none --metrics gpu__time_duration.sum`, the mean of the last three steps of run 77, "
+           f"commit 625bced, json/09-engine.tail-ncu.r77.csv), against the step measured whole (run 78, commit "
+           f"{d['commit']}, `MV_STEP_TIMES=1`, sampler version 3, the mean of two rounds), in us:", "",
+           "| what | us a step |", "| --- | ---: |"]
+    for name, t in t77:
+        out.append(f"| {name} | {t:,.1f} |")
+    out += [f"| **the kernels, each alone** | **{total:,.1f}** |",
+            f"| the step on the GPU (events: inputs up, the graph, ids down) | {gpu:,.1f} |",
+            f"| the step on the host around the same calls | {host:,.1f} |",
+            f"| TPOT (the bench's p50) | {tpot:,.1f} |",
+            "", f"The step spends {gpu - total:.0f} us on the GPU's clock outside the kernels' own times: the "
+            f"copies of its inputs and ids, the graph's launch, and the gaps between its {len(t77)} kernels; the host "
+            f"adds {host - gpu:.0f} us more around the calls."]
+    t76 = tail_kernels(76)
+    if t76:
+        out[-1] += (f" With version 2's draw (run 76) the kernels each alone add up to "
+                    f"{sum(t for _, t in t76):,.1f} us, for a step no longer on the GPU (the table above): a kernel "
+                    f"timed alone is not its share of the step, so the difference is an estimate.")
+    return "\n".join(out) + "\n"
+
+
 def render_gemv_ab():
     """The latency mode at 1 to 8 rows with linear_cuda's own GEMV choice (version 2 up to M = 4, version 3 from
     M = 5) and with version 2 everywhere (MV_LINEAR_GEMV=2), alternated, two rounds
@@ -1300,6 +1423,12 @@ def blocks():
     att = render_megakernel_attempts()
     if att:
         out["09-engine:megakernel-attempts"] = ("09-engine.attempts-r73-kernel.single.1.json", att)
+    sv3 = render_sampler_v3()
+    if sv3:
+        out["09-engine:sampler-v3"] = ("09-engine.steptimes-s3.1.json", sv3)
+    span = render_step_span()
+    if span:
+        out["09-engine:step-span"] = ("09-engine.steptimes-s3.1.json", span)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)

@@ -15,8 +15,10 @@
 #      decode steps take the megakernel: tiny-qwen3-mha at 4 rows (MK_SANITIZE_TINY=0 skips it),
 #      Qwen3-0.6B's shapes at one row and max_model_len 4096, its attention in 16 pieces
 #      (MK_SANITIZE_SPLIT=0 skips it; MK_SANITIZE_SPLIT_TOOLS its tools, SAN_KERNEL=NAME instruments
-#      only the kernels whose name holds NAME); and memcheck, racecheck over 8 rows of the unfused
-#      graphs (MK_SANITIZE_B8=0 skips it)
+#      only the kernels whose name holds NAME: memcheck only, since racecheck with --kernel-name
+#      fails on these runs whatever the name, even one that matches no kernel: chapter 09,
+#      docs/results/09-engine-sampler-v3.txt, runs 79-80); and memcheck, racecheck over 8 rows of
+#      the unfused graphs (MK_SANITIZE_B8=0 skips it)
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
 #      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
 #   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
