@@ -216,10 +216,10 @@ fi
 if [ "${TIMELINE:-0}" = 1 ]; then
   echo "=================== one stream's decode steps on a timeline (512 + 64)"
   NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  targs=(bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 64 --repeat 1 --max-num-seqs 1)
+  targs=(bench "${model[@]}" --num-seqs 1 --prompt-len 512 --repeat 1 --max-num-seqs 1)
   if [ -n "$NSYS_BIN" ]; then
     timeout "${TIMELINE_S:-150}" "$NSYS_BIN" profile --cuda-graph-trace=node --trace=cuda -o /tmp/mv-tl -f true \
-      ./build/minivllm "${targs[@]}" > "$OUT/timeline.nsys.log" 2>&1
+      ./build/minivllm "${targs[@]}" --output-len 64 > "$OUT/timeline.nsys.log" 2>&1
     echo "nsys rc=$?"
     timeout 120 "$NSYS_BIN" stats --report cuda_gpu_trace --format csv -o /tmp/mv-tl /tmp/mv-tl.nsys-rep > /dev/null 2>&1
     f=$(ls /tmp/mv-tl*cuda_gpu_trace*.csv 2>/dev/null | head -1)
@@ -228,7 +228,7 @@ if [ "${TIMELINE:-0}" = 1 ]; then
     NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     echo "no nsys: ncu's gpu__time_duration of each graph node (each kernel alone)"
     timeout "${TIMELINE_S:-150}" "$NCU_BIN" --graph-profiling node --clock-control none --cache-control none \
-      --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm "${targs[@]/64/4}" > "$OUT/timeline.ncu.csv" 2>&1
+      --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm "${targs[@]}" --output-len 4 > "$OUT/timeline.ncu.csv" 2>&1
     echo "ncu rc=$?"
     grep -E '^"[0-9]' "$OUT/timeline.ncu.csv" | tail -20 | awk -F'","' '{print $5 " | " $NF}' | cut -c1-160
   fi
