@@ -592,11 +592,12 @@ sample_kernel_v2(int32_t *out, const float *logits, long long stride, int vocab,
 // ---- version 3: a greedy row's argmax over several blocks --------------------------------------
 //
 // Why: at a few rows version 2 is one block a row, so one SM reads the whole
-// row: 608 KB for Qwen3, 25 us on an H100 for one greedy row (Nsight
-// Compute, in the one-stream decode graph), a fortieth of the step, where
-// the GPU's other 131 SMs sit idle. Version 3 cuts a greedy row (T == 0)
+// row, 608 KB for Qwen3, while the GPU's other 131 SMs sit idle: 30 us for
+// one greedy row from memory on an H100. (Inside the engine's decode graph
+// the step measured whole did not get shorter with version 3: chapter 09,
+// section 5.) Version 3 cuts a greedy row (T == 0)
 // into P slices (P = 2 x SMs / rows, at most V3_MAX_PIECES, rounded down;
-// 1 from 132 rows on 132 SMs, where version 2's one block a row already
+// 1 from 133 rows on 132 SMs, where version 2's one block a row already
 // fills the GPU). Each slice's block computes what version 2's first pass
 // computes over its slice: the largest finite (key, id) pack, the count of
 // finite logits, whether it saw a +inf; the block writes them to the
