@@ -25,9 +25,9 @@
 #      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
 #   6. NCU=1: Nsight Compute's warp-state sampling (WarpStateStats, SchedulerStats) over one launch
 #      of the megakernel in a one-stream bench (ncu.megakernel.txt)
-#   9. TIMELINE=1: one stream's decode steps on a timeline (nsys, the graphs' nodes traced; ncu's
-#      per-kernel times where nsys is missing): every kernel of the last steps and the GPU's idle gaps
-#      between them (timeline.txt)
+#   9. TIMELINE=1: one stream's decode steps (512 + 4) under Nsight Compute, graph node by graph node:
+#      each kernel's gpu__time_duration, timed alone (timeline.ncu.csv; chapter 09's step-span table
+#      keeps its last three steps)
 #   8. LATENCY_AB=1: the latency mode at 1 to 8 rows, linear_cuda's GEMV choice against version 2
 #   7. BATCH_AB="4 8": one bench of B rows each (512 + 256) with linear_cuda's own GEMV choice and
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
@@ -214,24 +214,12 @@ if [ "${NCU:-0}" = 1 ]; then
 fi
 
 if [ "${TIMELINE:-0}" = 1 ]; then
-  echo "=================== one stream's decode steps on a timeline (512 + 64)"
-  NSYS_BIN=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  targs=(bench "${model[@]}" --num-seqs 1 --prompt-len 512 --repeat 1 --max-num-seqs 1)
-  if [ -n "$NSYS_BIN" ]; then
-    timeout "${TIMELINE_S:-150}" "$NSYS_BIN" profile --cuda-graph-trace=node --trace=cuda -o /tmp/mv-tl -f true \
-      ./build/minivllm "${targs[@]}" --output-len 64 > "$OUT/timeline.nsys.log" 2>&1
-    echo "nsys rc=$?"
-    timeout 120 "$NSYS_BIN" stats --report cuda_gpu_trace --format csv -o /tmp/mv-tl /tmp/mv-tl.nsys-rep > /dev/null 2>&1
-    f=$(ls /tmp/mv-tl*cuda_gpu_trace*.csv 2>/dev/null | head -1)
-    [ -n "$f" ] && cp "$f" "$OUT/timeline.csv" && python3 tests/gpu/timeline.py "$OUT/timeline.csv" --json "$OUT/09-engine.timeline.json" | tee "$OUT/timeline.txt"
-  else
-    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    echo "no nsys: ncu's gpu__time_duration of each graph node (each kernel alone)"
-    timeout "${TIMELINE_S:-150}" "$NCU_BIN" --graph-profiling node --clock-control none --cache-control none \
-      --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm "${targs[@]}" --output-len 4 > "$OUT/timeline.ncu.csv" 2>&1
-    echo "ncu rc=$?"
-    grep -E '^"[0-9]' "$OUT/timeline.ncu.csv" | tail -20 | awk -F'","' '{print $5 " | " $NF}' | cut -c1-160
-  fi
+  echo "=================== one stream's decode steps, graph node by graph node (512 + 4; ncu, each kernel alone)"
+  NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout "${TIMELINE_S:-150}" "$NCU_BIN" --graph-profiling node --clock-control none --cache-control none \
+    --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm bench "${model[@]}" --num-seqs 1 \
+    --prompt-len 512 --output-len 4 --repeat 1 --max-num-seqs 1 > "$OUT/timeline.ncu.csv" 2>&1
+  echo "ncu rc=$?"
 fi
 
 if [ "${CH03:-0}" = 1 ]; then

@@ -578,7 +578,7 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
 // 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
-// version), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// version), MV_STEP_TIMES (0 or 1), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
 // any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
@@ -608,6 +608,10 @@ static int check_switches(void) {
     if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3"))
         return mv_error("MV_LINEAR_GEMV=%s: it takes 2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the "
                         "default)", gemv);
+    const char *st = getenv("MV_STEP_TIMES");
+    if (st && strcmp(st, "0") && strcmp(st, "1"))
+        return mv_error("MV_STEP_TIMES=%s: it takes 0 (off, the default) or 1 (each graphed decode step timed, the "
+                        "means printed at the end)", st);
     const char *smp = getenv("MV_SAMPLER");
     if (smp && strcmp(smp, "1") && strcmp(smp, "2") && strcmp(smp, "3"))
         return mv_error("MV_SAMPLER=%s: it takes 1, 2 or 3 (kernels/sampling.h's versions; default %d)", smp,
