@@ -321,6 +321,52 @@ __device__ __forceinline__ void decode_reduce_one(int h, int s, int d, bf16 *out
     out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
 }
 
+// Version 2 of the reduction: the same sums in the same order (so the same
+// bits), with every load of up to DEC_REDUCE_BATCH pieces issued before the
+// first sum: one trip to L2 where version 1's loops take one or two a piece
+// (the decode megakernel's reduction, a latency chain at one row:
+// docs/09-engine.md). Lane k of each warp loads piece k's (m, l), the warp
+// takes M with a butterfly of fmaxf (exact, so any order gives the same M),
+// and each thread reads (m, l) of piece k from lane k in order. Every lane
+// of a warp must call it with the same (h, s) (whole warps of d). More
+// pieces than DEC_REDUCE_BATCH take version 1's loops.
+enum { DEC_REDUCE_BATCH = 16 };
+template <class Ld>
+__device__ __forceinline__ void decode_reduce_one_v2(int h, int s, int d, bf16 *out, const float *ws_o,
+                                                     const float *ws_ml, const int32_t *context_lens, int H, int D,
+                                                     int num_splits, int split_len) {
+    const int ctx = context_lens[s];
+    const int len = decode_piece_len(split_len, ctx, num_splits);
+    const int used = ctx <= 0 ? 0 : min(num_splits, (ctx + len - 1) / len);
+    if (used > DEC_REDUCE_BATCH) {
+        decode_reduce_one<Ld>(h, s, d, out, ws_o, ws_ml, context_lens, H, D, num_splits, split_len);
+        return;
+    }
+    const long long first = ((long long)s * H + h) * num_splits;
+    const int lane = threadIdx.x % 32;
+    float my_m = -INFINITY, my_l = 0.0f, ok[DEC_REDUCE_BATCH];
+    if (lane < used) {
+        my_m = Ld::f32(ws_ml + (first + lane) * 2);
+        my_l = Ld::f32(ws_ml + (first + lane) * 2 + 1);
+    }
+#pragma unroll
+    for (int k = 0; k < DEC_REDUCE_BATCH; k++) ok[k] = k < used ? Ld::f32(ws_o + (first + k) * D + d) : 0.0f;
+    float M = my_m;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f, A = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DEC_REDUCE_BATCH; k++) {
+        const float mk = __shfl_sync(0xffffffffu, my_m, k), lk = __shfl_sync(0xffffffffu, my_l, k);
+        if (k < used) {
+            const float w = exp2f(mk - M);
+            L = fmaf(w, lk, L);
+            A = fmaf(w, ok[k], A);
+        }
+    }
+    out[((long long)s * H + h) * D + d] = __float2bfloat16(used ? A / L : 0.0f);
+}
+
 #ifndef MV_DECODE_DEVICE_ONLY
 // The reduction kernel: grid (H, num_seqs), D threads each.
 __global__ void __launch_bounds__(128)

@@ -151,6 +151,15 @@ struct params {
     // PHASE_SLOTS l + gate[j], for projection j of layer l.
     int gated;
     int gate[4];
+    // 1: SiluAndMul in gate_up's GEMV (MV_MEGAKERNEL_SILU, GEMV version 2
+    // only): a block's share is gate rows [p0, p1) and up rows [I + p0, I + p1),
+    // each warp's row pair a gate row and its up row, and the GEMV writes
+    // SiluAndMul of the two, rounded as silu_and_mul's inputs and output are,
+    // to gate_up[M, I]; down then stages its input as a plain copy.
+    int silu_epi;
+    // 2: the split attention's reduction with all its loads first
+    // (decode_reduce_one_v2); 1: decode_reduce_one (MV_MEGAKERNEL_REDUCE).
+    int reduce_v;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -248,11 +257,17 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             int row0, rows;
             share(N, &row0, &rows);
             // Rows padded in shared memory (p.pad bytes after each, GEMV
-            // version 3): a row at a time; unpadded: the share as one row.
-            const unsigned row_bytes = (unsigned)K * 2u, segs = p.pad ? (unsigned)rows : 1u;
-            const unsigned bytes = p.pad ? row_bytes : (unsigned)rows * row_bytes, pitch = row_bytes + p.pad;
+            // version 3): a row at a time; unpadded: the share as one
+            // segment, or with SiluAndMul in gate_up's GEMV two: its gate
+            // rows [row0 / 2, + rows / 2) and the same rows of up, I rows on.
+            const bool pair_gu = j == 2 && p.silu_epi;
+            const unsigned row_bytes = (unsigned)K * 2u, segs = p.pad ? (unsigned)rows : pair_gu ? 2u : 1u;
+            const unsigned bytes = p.pad ? row_bytes : (unsigned)(pair_gu ? rows / 2 : rows) * row_bytes;
             const unsigned per_seg = (bytes + p.chunk - 1) / p.chunk;
-            const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + (long long)row0 * K);
+            const long long first_row = pair_gu ? row0 / 2 : row0;
+            const size_t src_step = pair_gu ? (size_t)I * row_bytes : row_bytes;
+            const unsigned dst_step = p.pad ? row_bytes + p.pad : bytes;
+            const char *src = reinterpret_cast<const char *>(reinterpret_cast<const bf16 *>(w) + first_row * K);
             char *dst = reinterpret_cast<char *>(bufs[buf]);
             const unsigned first = issued;
             for (unsigned r = 0; r < segs; r++)
@@ -261,7 +276,7 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                     const unsigned slot = issued % R;
                     if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
                     mbar_expect(ring + slot, len);
-                    bulk_copy(dst + r * pitch + off, src + r * row_bytes + off, len, ring + slot);
+                    bulk_copy(dst + r * dst_step + off, src + r * src_step + off, len, ring + slot);
                 }
             const unsigned n = issued - first;
             for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
@@ -309,11 +324,25 @@ __device__ __forceinline__ void chunk_fma(const uint4 &w0v, const uint4 &w1v, co
 // all their loads before any of their sums, so that IW independent chains
 // of FMAs and shuffles overlap. Each sum keeps its order, so the bits are
 // IW = 1's.
-template <int MT, int NW, int IW = 1>
+//
+// SILU (gate_up with SiluAndMul as its epilogue, IW = 1): the buffer
+// holds the block's gate rows, then the same rows of up (the producer's two
+// segments), so row pair pr is gate row pr and up row pr; each sum is taken
+// as before, rounded to bf16 as the GEMV's output would be, and the pair
+// gives one output, SiluAndMul's (kernels/activation.cuh, rounded once), at
+// out[m][row0 / 2 + pr] of [MT, N] (N = I).
+__device__ __forceinline__ bf16 silu_of_sums(float g, float u) {
+    return __float2bfloat16(silu_mul_dev(__bfloat162float(__float2bfloat16(g)), __bfloat162float(__float2bfloat16(u))));
+}
+
+template <int MT, int NW, int IW = 1, bool SILU = false>
 __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+    static_assert(!SILU || IW == 1, "SiluAndMul's epilogue on the one-item path");
     constexpr int U = 4, RM = 2 * MT;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int pairs = b.rows / 2, items = pairs * ks;
+    // Where row pair pr's two rows sit: adjacent, or (SILU) gate row pr and up row pr, pairs rows on.
+    const long long pair_step = SILU ? kc : 2LL * kc, second = SILU ? (long long)pairs * kc : kc;
     if constexpr (IW > 1) {
         for (int it0 = warp; it0 < items; it0 += NW * IW) {
             int q[IW];
@@ -370,7 +399,7 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
     } else
     for (int it = warp; it < items; it += NW) {
         const int pr = it / ks, q = it % ks;
-        const uint4 *w0 = b.mem + (long long)(2 * pr) * kc, *w1 = w0 + kc;
+        const uint4 *w0 = b.mem + pr * pair_step, *w1 = w0 + second;
         float acc[2][MT];
 #pragma unroll
         for (int r = 0; r < 2; r++)
@@ -390,23 +419,47 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
                 if (c < kc) chunk_fma<MT>(wv[u][0], wv[u][1], xs, kc, c, acc);
             }
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++)
+        if constexpr (SILU) {
+            // Every lane holds each warp sum (a butterfly: the same bits in every lane).
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                const float v = warp_sum(acc[r][m]);
-                if (lane != r * MT + m) continue;
-                if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
-                else part[it * RM + r * MT + m] = v;
+                const float g = warp_sum(acc[0][m]), u = warp_sum(acc[1][m]);
+                if (ks == 1) {
+                    if (lane == m) out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(0.0f + g, 0.0f + u);
+                } else if (lane == m) {
+                    part[it * RM + m] = g;
+                    part[it * RM + MT + m] = u;
+                }
             }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const float v = warp_sum(acc[r][m]);
+                    if (lane != r * MT + m) continue;
+                    if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                    else part[it * RM + r * MT + m] = v;
+                }
+        }
     }
     if (ks == 1) return;
     csync<NW>::sync();
-    for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
-        const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
-        float v = 0.0f;
-        for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
-        out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
+    if constexpr (SILU) {
+        for (int o = threadIdx.x; o < pairs * MT; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / MT, m = o % MT;
+            float g = 0.0f, u = 0.0f;
+            for (int q = 0; q < ks; q++) g += part[(pr * ks + q) * RM + m];
+            for (int q = 0; q < ks; q++) u += part[(pr * ks + q) * RM + MT + m];
+            out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(g, u);
+        }
+    } else {
+        for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+            float v = 0.0f;
+            for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
+            out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
+        }
     }
 }
 
@@ -472,13 +525,14 @@ __device__ __noinline__ void gemv_mma(const wbuf b, int K, int pitch, const uint
 }
 
 // The kernel's GEMV: version GV (2 or 3) of the block's rows in b.
-template <int GV, int MT, int NW>
+template <int GV, int MT, int NW, bool SILU = false>
 __device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned pad, const uint4 *xs, bf16 *out,
                                          int N, float *part) {
+    static_assert(!SILU || GV == 2, "SiluAndMul's epilogue in GEMV version 2 only");
     if constexpr (GV == 3)
         gemv_mma<MT, NW>(b, K, (int)((2u * (unsigned)K + pad) / 16u), xs, out, N, part);
     else
-        gemv<MT, NW>(b, K, ks, xs, out, N, part);
+        gemv<MT, NW, 1, SILU>(b, K, ks, xs, out, N, part);
 }
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
@@ -767,9 +821,14 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
     const int nq = a.num_heads, team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
     const float *ws_o = a.attn_ws, *ws_ml = a.attn_ws + (size_t)M * nq * p.num_splits * D;
     for (int t = team * gridDim.x + blockIdx.x; t < nq * M; t += gridDim.x * cfg<NW>::TEAMS)
-        if (tid < D)
-            decode_reduce_one<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
-                                         a.context_lens, nq, D, p.num_splits, p.split_len);
+        if (tid < D) {
+            if (p.reduce_v == 2)
+                decode_reduce_one_v2<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
+                                                a.context_lens, nq, D, p.num_splits, p.split_len);
+            else
+                decode_reduce_one<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
+                                             a.context_lens, nq, D, p.num_splits, p.split_len);
+        }
 }
 
 // ---- the GEMV inputs ------------------------------------------------------------------------
@@ -940,13 +999,19 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 2, 0);
         wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
-        gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        if constexpr (GV == 2) {
+            if (p.silu_epi) gemv_any<GV, MT, NW, true>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), I, part);
+            else gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        } else {
+            gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+        }
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 2, 2);
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 5);
-        // 7. SiluAndMul, down
-        stage_silu<NW>(xs, a.gate_up, MT, I);
+        // 7. SiluAndMul (already in gate_up's GEMV with p.silu_epi), down
+        if (GV == 2 && p.silu_epi) stage<NW>(xs, a.gate_up, MT * I / 8);
+        else stage_silu<NW>(xs, a.gate_up, MT, I);
         sync_c::sync();
         mark(tl, L, l, 3, 0);
         wait(B, H);
@@ -1113,6 +1178,13 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     // The GEMV: the version linear_cuda runs at M rows, for the same bits.
     const int gv = gemv_version(M);
     p.pad = gv == LINEAR_GEMV_MMA ? 64u : 0u;
+    // SiluAndMul in gate_up's GEMV (MV_MEGAKERNEL_SILU=0: in down's staging,
+    // for comparison) and the reduction's version (MV_MEGAKERNEL_REDUCE=1 or 2).
+    const char *silu = getenv("MV_MEGAKERNEL_SILU"), *red = getenv("MV_MEGAKERNEL_REDUCE");
+    if (silu && strcmp(silu, "0") && strcmp(silu, "1")) NOPE("MV_MEGAKERNEL_SILU=%s (0 or 1)", silu);
+    if (red && strcmp(red, "1") && strcmp(red, "2")) NOPE("MV_MEGAKERNEL_REDUCE=%s (1 or 2)", red);
+    p.silu_epi = !(silu && !strcmp(silu, "0")) && gv != LINEAR_GEMV_MMA;
+    p.reduce_v = red && !strcmp(red, "1") ? 1 : 2;
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

@@ -112,7 +112,10 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
-# s1 / s2 / s3 the sampler's version (MV_SAMPLER; kernels/sampling.h), A+B: both (gates=off+fr0).
+# s1 / s2 / s3 the sampler's version (MV_SAMPLER; kernels/sampling.h), silu0 / silu1 the megakernel's
+# SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
+# version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
+# (MV_PACKED_UPLOAD), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -129,6 +132,10 @@ variant_env() {
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
     s1|s2|s3) echo MV_SAMPLER="${1#s}" ;;
+    silu0|silu1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_SILU="${1#silu}" ;;
+    red1|red2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red}" ;;
+    pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
+    st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
@@ -141,7 +148,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
     bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
     echo "=================== one stream, $v: $e (round $round)"
     env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
-      --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror" | head -6
+      --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror|MV_STEP_TIMES" | head -7
     if [ "${TWO:-0}" = 1 ]; then
       echo "=================== two streams, $v: $e (round $round)"
       env $e timeout 90 $bin bench "${model[@]}" --num-seqs 2 --prompt-len 512 --output-len 256 \

@@ -140,6 +140,10 @@ typedef struct {
 } cuda_layer_t;
 
 // The step's inputs on the device, at fixed addresses (one allocation).
+// Two layouts of the same bytes (layout_step): a prefill or mixed step's,
+// each array at its full size (Tm tokens, Sm rows), and a decode step's of
+// Sg rows, packed for exactly Sg rows (the graph of that size holds these
+// addresses), so that its inputs go up in one copy, not twelve.
 typedef struct {
     int32_t *input_ids;     // [Tm]
     int32_t *positions;     // [Tm]
@@ -153,8 +157,8 @@ typedef struct {
     float *top_p;           // [Sm]
     uint64_t *seed;         // [Sm]
     int64_t *gen_index;     // [Sm]
-    int32_t *sampled;       // [Sm] output ids
     sampling_opts_row_t *opts;  // [Sm] vLLM's other options, per row (all off: sampler_opts_off)
+    int32_t *sampled;       // [Sm] output ids
     sampling_logprobs_t *lp;    // [Sm] output logprobs of the rows that ask for them
 } step_buffers_t;
 
@@ -188,6 +192,9 @@ typedef struct {
     void *h_stage;                    // pinned host copy of d_step_mem's layout
     step_buffers_t h;                 // host views into h_stage
     size_t step_bytes;
+    int step_tm, step_sm;             // the full layout's sizes (Tm tokens, Sm rows)
+    int step_sg;                      // rows of the packed decode layout in d / h now; 0: the full layout
+    int upload_arrays;                // MV_PACKED_UPLOAD=0: a decode step's inputs in a copy per array, as before
     // vLLM's other sampling options (kernels/sampling_opts.h; rank 0 only):
     int32_t *d_opt_ids, *h_opt_ids;   // [opt_ids_cap] the rows' penalty and min_tokens ids (h: pinned)
     int opt_ids_cap;                  // Sm x (max_model_len + OPT_STOP_IDS)
@@ -511,11 +518,23 @@ static size_t layout_step(step_buffers_t *b, char *base, int Tm, int Sm, int W) 
     TAKE(top_p, float, Sm);
     TAKE(seed, uint64_t, Sm);
     TAKE(gen_index, int64_t, Sm);
-    TAKE(sampled, int32_t, Sm);
     TAKE(opts, sampling_opts_row_t, Sm);
+    // The outputs last: a decode step uploads everything before them in one copy.
+    TAKE(sampled, int32_t, Sm);
     TAKE(lp, sampling_logprobs_t, Sm);
 #undef TAKE
     return off;
+}
+
+// Point d and h at the layout a step uses: Sg = 0, a prefill or mixed
+// step's (every array at its full size); Sg > 0, a decode step's of Sg rows,
+// packed. Only the pointers change; each step uploads its inputs anew.
+static void step_views(cuda_state_t *s, int Sg) {
+    if (s->step_sg == Sg) return;
+    const int T = Sg > 0 ? Sg : s->step_tm, S = Sg > 0 ? Sg : s->step_sm;
+    layout_step(&s->d, (char *)s->d_step_mem, T, S, s->max_blocks);
+    layout_step(&s->h, (char *)s->h_stage, T, S, s->max_blocks);
+    s->step_sg = Sg;
 }
 
 // The KV cache from what is left of the GPU, vLLM's rule: this engine may
@@ -578,7 +597,8 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
 // 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
-// version), MV_STEP_TIMES (0 or 1), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// version), MV_STEP_TIMES, MV_PACKED_UPLOAD and MV_MEGAKERNEL_SILU (0 or 1),
+// MV_MEGAKERNEL_REDUCE (1 or 2), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
 // any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
@@ -612,6 +632,17 @@ static int check_switches(void) {
     if (st && strcmp(st, "0") && strcmp(st, "1"))
         return mv_error("MV_STEP_TIMES=%s: it takes 0 (off, the default) or 1 (each graphed decode step timed, the "
                         "means printed at the end)", st);
+    const char *msilu = getenv("MV_MEGAKERNEL_SILU"), *mred = getenv("MV_MEGAKERNEL_REDUCE");
+    if (msilu && strcmp(msilu, "0") && strcmp(msilu, "1"))
+        return mv_error("MV_MEGAKERNEL_SILU=%s: it takes 0 (the megakernel's SiluAndMul in down's staging) or 1 (in "
+                        "gate_up's GEMV, the default)", msilu);
+    if (mred && strcmp(mred, "1") && strcmp(mred, "2"))
+        return mv_error("MV_MEGAKERNEL_REDUCE=%s: it takes 1 or 2 (the version of the megakernel's split-attention "
+                        "reduction; default 2)", mred);
+    const char *pu = getenv("MV_PACKED_UPLOAD");
+    if (pu && strcmp(pu, "0") && strcmp(pu, "1"))
+        return mv_error("MV_PACKED_UPLOAD=%s: it takes 0 (a decode step's inputs in a copy per array) or 1 (in one "
+                        "copy, the default)", pu);
     const char *smp = getenv("MV_SAMPLER");
     if (smp && strcmp(smp, "1") && strcmp(smp, "2") && strcmp(smp, "3"))
         return mv_error("MV_SAMPLER=%s: it takes 1, 2 or 3 (kernels/sampling.h's versions; default %d)", smp,
@@ -636,6 +667,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
+    s->upload_arrays = getenv("MV_PACKED_UPLOAD") && !strcmp(getenv("MV_PACKED_UPLOAD"), "0");
     if (getenv("MV_STEP_TIMES") && !strcmp(getenv("MV_STEP_TIMES"), "1") &&
         (CUDA_TRY(cudaEventCreate(&s->step_ev[0])) || CUDA_TRY(cudaEventCreate(&s->step_ev[1]))))
         return -1;
@@ -740,14 +772,18 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
             dev_alloc((void **)&s->d_logits_gathered, N * Sm * Vl * e, sb, "every rank's logits"))
             return -1;
     }
-    s->step_bytes = layout_step(&s->d, NULL, (int)Tm, (int)Sm, s->max_blocks);
+    // Room for both layouts: the full one, and the packed decode one at Sm rows.
+    const size_t full = layout_step(&s->d, NULL, (int)Tm, (int)Sm, s->max_blocks);
+    const size_t packed = layout_step(&s->d, NULL, (int)Sm, (int)Sm, s->max_blocks);
+    s->step_bytes = full > packed ? full : packed;
     if (dev_alloc(&s->d_step_mem, s->step_bytes, sb, "the step's inputs")) return -1;
     if (CUDA_TRY(cudaMallocHost(&s->h_stage, s->step_bytes))) {
         s->h_stage = NULL;
         return -1;
     }
-    layout_step(&s->d, s->d_step_mem, (int)Tm, (int)Sm, s->max_blocks);
-    layout_step(&s->h, s->h_stage, (int)Tm, (int)Sm, s->max_blocks);
+    s->step_tm = (int)Tm, s->step_sm = (int)Sm;
+    s->step_sg = -1;
+    step_views(s, 0);
     return 0;
 }
 
@@ -807,6 +843,7 @@ static int upload_step(const model_runner_t *r, cuda_state_t *s, const runner_st
     if (W > s->max_blocks)
         return mv_error("the step's block tables are %d wide; the device's hold %d (max_model_len %d / block_size %d)",
                         W, s->max_blocks, r->rc.max_model_len, r->rc.block_size);
+    step_views(s, 0);
     // The device block table is [S, s->max_blocks]: rows are repacked to
     // that fixed width (the scheduler's is ceil(max_model_len / block_size),
     // the same, so this is one memcpy per row at most).
@@ -834,21 +871,26 @@ static int upload_step(const model_runner_t *r, cuda_state_t *s, const runner_st
     return 0;
 }
 
-// The options' rows [0, n) (sp's, or all off) and their ids into the device buffers.
-static int upload_opts(cuda_state_t *s, const runner_sampling_t *sp, int n_real, int n) {
+// The options' rows [0, n) (sp's, or all off) and their ids into the device
+// buffers; with `rows_later`, the rows only into the staging buffer (a
+// decode step's one copy takes them up with the rest).
+static int upload_opts(cuda_state_t *s, const runner_sampling_t *sp, int n_real, int n, int rows_later) {
     const int with = sp && sp->opts;
     for (int k = 0; k < n; k++) s->h.opts[k] = with && k < n_real ? sp->opts[k] : sampler_opts_off();
     if (with && sp->num_opt_ids > s->opt_ids_cap)
         return mv_error("the step's %d sampling-option ids pass the device's %d", sp->num_opt_ids, s->opt_ids_cap);
     const cudaError_t err =
-        cudaMemcpyAsync(s->d.opts, s->h.opts, (size_t)n * sizeof(sampling_opts_row_t), cudaMemcpyHostToDevice, s->stream);
+        rows_later ? cudaSuccess
+                   : cudaMemcpyAsync(s->d.opts, s->h.opts, (size_t)n * sizeof(sampling_opts_row_t),
+                                     cudaMemcpyHostToDevice, s->stream);
     if (err != cudaSuccess) return mv_error("cudaMemcpyAsync of the step's sampling options: %s", cudaGetErrorName(err));
     return (with && stage(s, s->d_opt_ids, s->h_opt_ids, sp->opt_ids, (size_t)sp->num_opt_ids * sizeof(int32_t),
                           "sampling options' ids"));
 }
 
 static int upload_sampling(cuda_state_t *s, const runner_sampling_t *sp, int N) {
-    return (sp->opts && upload_opts(s, sp, N, N)) ||
+    step_views(s, 0);
+    return (sp->opts && upload_opts(s, sp, N, N, 0)) ||
            stage(s, s->d.temperature, s->h.temperature, sp->temperature, (size_t)N * sizeof(float), "temperature") ||
            stage(s, s->d.top_k, s->h.top_k, sp->top_k, (size_t)N * sizeof(int32_t), "top_k") ||
            stage(s, s->d.top_p, s->h.top_p, sp->top_p, (size_t)N * sizeof(float), "top_p") ||
@@ -1231,6 +1273,7 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
     if (W > Wd)
         return mv_error("the step's block tables are %d wide; the device's hold %d (max_model_len %d / block_size %d)",
                         W, Wd, r->rc.max_model_len, r->rc.block_size);
+    step_views(s, Sg);
     step_buffers_t *h = &s->h;
     for (int q = 0; q < Sg; q++) {
         const int real = q < S;
@@ -1252,8 +1295,18 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
     }
     h->cu_seqlens_q[Sg] = Sg;
     h->cu_last[Sg] = Sg;
-    if (s->layout.tp_rank == 0 && upload_opts(s, sp, S, Sg)) return -1;
-    // One copy of each array's first Sg (+1) entries.
+    const int packed = !s->upload_arrays;
+    if (s->layout.tp_rank == 0 ? upload_opts(s, sp, S, Sg, packed) : (upload_opts(s, NULL, 0, Sg, 1), 0)) return -1;
+    // One copy of the packed layout up to its outputs: every input array's
+    // Sg (+ 1) entries and the options' rows. (A small copy costs a few
+    // microseconds on the GPU's timeline whatever its size: chapter 09.)
+    if (packed) {
+        const size_t bytes = (size_t)((char *)h->sampled - (char *)s->h_stage);
+        if (CUDA_TRY(cudaMemcpyAsync(s->d_step_mem, s->h_stage, bytes, cudaMemcpyHostToDevice, s->stream)))
+            return mv_error_prefix("uploading a decode step of %d rows", Sg);
+        return 0;
+    }
+    // MV_PACKED_UPLOAD=0: one copy of each array's first Sg (+1) entries.
     const struct {
         void *d, *h;
         size_t bytes;
