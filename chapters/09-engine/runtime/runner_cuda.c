@@ -1016,10 +1016,10 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
 // gathered, and on rank 0 (the one that samples) the blocks put in their
 // columns of [N, V] (chapter 04's assembly, padding dropped) and widened to
 // fp32, as the single-GPU LM head leaves them.
-static int lm_head_tp(const model_runner_t *r, cuda_state_t *s, int N) {
+static int lm_head_tp(const model_runner_t *r, cuda_state_t *s, const bf16_t *last, int N) {
     const vocab_shard_t *vs = &s->layout.vocab;
     const int H = r->cfg.hidden_size, Vl = vs->local_rows, V = r->cfg.vocab_size;
-    if (linear_cuda(s->cublas, s->d_logits_local, s->d_last, s->d_lm_head, NULL, N, Vl, H, s->stream) ||
+    if (linear_cuda(s->cublas, s->d_logits_local, last, s->d_lm_head, NULL, N, Vl, H, s->stream) ||
         tp_allgather(s, s->d_logits_local, s->d_logits_gathered, (size_t)N * Vl))
         return -1;
     if (s->layout.tp_rank != 0) return 0;
@@ -1150,10 +1150,10 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         // The decode megakernel: every layer and the final norm in one kernel.
         megakernel_args_t a;
         megakernel_args_fill(r, s, &a, max_context_len);
+        // Every row is sampled (T == N): the LM head reads the final norm's rows as they are.
         if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream) ||
             decode_megakernel_cuda(&a, S, s->stream) ||
-            gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream) ||
-            linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
+            linear_cuda(s->cublas, s->d_logits_bf16, s->d_hidden, s->d_lm_head, NULL, N, V, H, s->stream) ||
             bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
             return mv_error_prefix("the decode megakernel's step of %d rows", S);
         return 0;
@@ -1178,12 +1178,16 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
             return mv_error_prefix("layer %d", l);
     }
     if (N == 0) return 0;
+    // The sampled rows' hidden states: when every token is sampled (T == N:
+    // a decode step, each row one token, cu_last 0, 1, ..., N), the final
+    // norm's rows themselves, with no gather.
+    const bf16_t *last = T == N ? s->d_hidden : s->d_last;
     if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, s->d_final_norm, T, H, eps,
                                s->stream) ||
-        gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream))
+        (T != N && gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream)))
         return -1;
-    if (s->collectives) return lm_head_tp(r, s, N);
-    if (linear_cuda(s->cublas, s->d_logits_bf16, s->d_last, s->d_lm_head, NULL, N, V, H, s->stream) ||
+    if (s->collectives) return lm_head_tp(r, s, last, N);
+    if (linear_cuda(s->cublas, s->d_logits_bf16, last, s->d_lm_head, NULL, N, V, H, s->stream) ||
         bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
         return -1;
     return 0;
