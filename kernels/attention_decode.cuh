@@ -125,6 +125,9 @@ struct dec_prep_plain {
         }
         return false;
     }
+    // A point of the piece reached (2 its keys done, 3 its results
+    // written), for a Prep that keeps a profile; nothing here.
+    __device__ __forceinline__ void mark(int) const {}
 };
 
 // Shared memory of one piece's combine, in floats: the substreams'
@@ -241,6 +244,8 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
         }
     }
 
+    prep.mark(2);
+
     // Combine the CTA's NSUB substreams: each lane's 8 accumulators and its
     // substream's (m, l) to shared memory, then thread t sums element
     // (g, d) = t, t + 128, ... over the substreams, each weighted by 2^(m - M).
@@ -284,6 +289,7 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
             }
         }
     }
+    prep.mark(3);
 }
 
 #ifndef MV_DECODE_DEVICE_ONLY

@@ -612,6 +612,13 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
     }
 }
 
+// The profile's clock (ns; it steps by 32 ns on these GPUs).
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // ---- q/k norm + RoPE + the KV store (qk_norm_rope version 6, store_kvcache) --------------
 
 __device__ __forceinline__ void check_slot(int slot, long long num_slots) {
@@ -713,6 +720,13 @@ struct rope_prep {
     using fvec_t = rope_fused::fvec<VEC>;
     const params *p;
     megakernel_layer_t ly;
+    unsigned long long *tl;  // the profile's timeline, or NULL
+    int L, l;                // the model's layers, this one
+
+    // Block 0's first piece's times (MEGAKERNEL_TIMELINE_PIECE).
+    __device__ __forceinline__ void mark(int k) const {
+        if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_PIECE(L, l, k)] = globaltimer();
+    }
 
     // A head's two halves as rope_store's lane (part % LANES) reads them.
     struct raw {
@@ -747,6 +761,7 @@ struct rope_prep {
     __device__ __forceinline__ bool begin(float (&qf)[G][8], const bf16 *q, long long q_stride, int s, int h0,
                                           int kvh, int part, int tid, bool last, float scale_log2) const {
         static_assert(DD == D, "one head size");
+        mark(0);
         const megakernel_args_t &a = p->a;
         const int pos = a.positions[s], nkv = a.num_kv_heads;
         raw xq[G];
@@ -773,6 +788,7 @@ struct rope_prep {
 #pragma unroll
             for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
         }
+        mark(1);
         if (!last) return false;
         if (key) {
             const vec_t y = norm_rope(xk, ly.k_norm, cs, sn, part);
@@ -816,7 +832,7 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
 }
 
 template <int D, int NW>
-__device__ __forceinline__ void attention_reduce(const params &p, int M) {
+__device__ __forceinline__ void attention_reduce(const params &p, int M, unsigned long long *tl, int l) {
     const megakernel_args_t &a = p.a;
     const int nq = a.num_heads, team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
     const float *ws_o = a.attn_ws, *ws_ml = a.attn_ws + (size_t)M * nq * p.num_splits * D;
@@ -829,6 +845,7 @@ __device__ __forceinline__ void attention_reduce(const params &p, int M) {
                 decode_reduce_one<dec_ld_cg>(t % nq, t / nq, tid, reinterpret_cast<bf16 *>(a.attn), ws_o, ws_ml,
                                              a.context_lens, nq, D, p.num_splits, p.split_len);
         }
+    if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_PIECE(a.num_layers, l, 4)] = globaltimer();
 }
 
 // ---- the GEMV inputs ------------------------------------------------------------------------
@@ -870,11 +887,6 @@ __device__ __forceinline__ void stage_silu(uint4 *xs, const bf16_t *gate_up, int
 
 // ---- the kernel -----------------------------------------------------------------------------
 
-__device__ __forceinline__ unsigned long long globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 
 // The grid barrier that ends phase slot `slot`, and with a timeline the
 // times around it (the profile of decode_megakernel.h: each block's arrival,
@@ -967,7 +979,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 0);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
-            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly});
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly, tl, L, l});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
@@ -977,7 +989,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         }
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 2);
         if (p.num_splits > 1) {
-            attention_reduce<D, NW>(p, MT);
+            attention_reduce<D, NW>(p, MT, tl, l);
             barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 3);
         }
         // 5. o_proj

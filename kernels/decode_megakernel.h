@@ -90,7 +90,8 @@ typedef struct {
     // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start,
     // [2 * (slots - 1) + 1] 1 + whether q/k norm and RoPE ran in the
     // attention pieces (MV_MEGAKERNEL_FUSED_ROPE: no phase of their own);
-    // then the marks inside the projections (MEGAKERNEL_TIMELINE_MARK).
+    // then the marks inside the projections (MEGAKERNEL_TIMELINE_MARK) and
+    // in block 0's first attention piece (MEGAKERNEL_TIMELINE_PIECE).
     unsigned long long *timeline;
 } megakernel_args_t;
 
@@ -100,8 +101,13 @@ typedef struct {
 // 1 o_proj, 2 gate_up, 3 down) of layer l: k = 0 its input staged in shared
 // memory, 1 its weights landed, 2 its GEMV done.
 #define MEGAKERNEL_TIMELINE_MARK(L, l, j, k) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + ((l) * 4 + (j)) * 3 + (k))
+// Then block 0's first attention piece of layer l (by default, where the
+// pieces norm and rotate their own queries): k = 0 it starts, 1 its queries
+// ready, 2 its keys and values done, 3 its results written; and k = 4 block
+// 0's share of the pieces' reduction done.
+#define MEGAKERNEL_TIMELINE_PIECE(L, l, k) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + 12 * (L) + (l) * 5 + (k))
 // Words (unsigned long long) of the whole timeline.
-#define MEGAKERNEL_TIMELINE_WORDS(L) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + 12 * (L))
+#define MEGAKERNEL_TIMELINE_WORDS(L) (2 * MEGAKERNEL_TIMELINE_SLOTS(L) + 17 * (L))
 
 // 1 when the megakernel takes this model at M rows on the current device,
 // else 0 with the reason in why[why_len] (no error recorded). The weight

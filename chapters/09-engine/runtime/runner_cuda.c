@@ -442,6 +442,21 @@ static void megakernel_profile_print(const model_runner_t *r, const cuda_state_t
             }
             fprintf(stderr, "    %-30s %8.2f %8.2f %8.2f\n", proj[j], in / L / 1e3, wt / L / 1e3, gv / L / 1e3);
         }
+        // Block 0's first attention piece (where the pieces rotate their own
+        // queries), from the qkv barrier's departure: started, queries ready,
+        // keys and values done, results written; its reduction share done,
+        // from the pieces' barrier's departure.
+        if (fused && t[MEGAKERNEL_TIMELINE_PIECE(L, 0, 0)]) {
+            double at[4] = {0, 0, 0, 0}, red = 0;
+            for (int l = 0; l < L; l++) {
+                const unsigned long long from = t[2 * (l * per) + 1], *m = t + MEGAKERNEL_TIMELINE_PIECE(L, l, 0);
+                for (int k = 0; k < 4; k++) at[k] += (double)(m[k] - from);
+                if (reduce_phase) red += (double)(m[4] - t[2 * (l * per + 1) + 1]);
+            }
+            fprintf(stderr, "  block 0's first piece (us after the qkv barrier): start %.2f, queries %.2f, keys "
+                            "%.2f, written %.2f; its reduction share done %.2f after the pieces' barrier\n",
+                    at[0] / L / 1e3, at[1] / L / 1e3, at[2] / L / 1e3, at[3] / L / 1e3, red / L / 1e3);
+        }
     }
     free(t);
 }
