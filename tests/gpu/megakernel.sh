@@ -162,7 +162,7 @@ for v in ${PROFILES:-mk1}; do
   bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
   echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
   env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
-    --output-len 256 --repeat 1 2>&1 | grep -A14 "megakernel profile" | tee "$OUT/megakernel.profile.$(vname "$v").txt"
+    --output-len 256 --repeat 1 2>&1 | grep -A16 "megakernel profile" | tee "$OUT/megakernel.profile.$(vname "$v").txt"
 done
 # SWEEP="CHUNK:RING[:WARPS] ...": the producer's pacing (bytes a copy : copies in flight) and
 # the consumer warps (MV_MEGAKERNEL_WARPS; default the kernel's), one stream each, with the profile.
