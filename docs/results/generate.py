@@ -1059,6 +1059,105 @@ def render_step_span():
     return "\n".join(out) + "\n"
 
 
+STEP_TAIL_TXT = os.path.join(HERE, "09-engine-step-tail.txt")
+STEP_TAIL_VARIANTS = [("mk1", "all three (the default)"),
+                      ("pu0", "`MV_PACKED_UPLOAD=0`: the inputs in a copy per array"),
+                      ("silu0", "`MV_MEGAKERNEL_SILU=0`: SiluAndMul in down's staging"),
+                      ("red1", "`MV_MEGAKERNEL_REDUCE=1`: the reduction's loops"),
+                      ("silu0_red1_pu0", "none of the three (the kernel and upload of before)")]
+PIECE_LINE = re.compile(r"^  block 0's first piece \(us after the qkv barrier\): start ([\d.]+), queries ([\d.]+), "
+                        r"keys ([\d.]+), written ([\d.]+); its reduction share done ([\d.]+)")
+
+
+def step_tail_sections(lines):
+    """{variant: [lines]} of the '=================== ... VARIANT: ...' sections of a megakernel.sh log, keyed
+    "one stream, V (round R)" -> (V, R) and "one stream with MV_MEGAKERNEL_PROFILE=1, V" -> ("profile", V)."""
+    out, key = {}, None
+    for l in lines:
+        m = re.match(r"^=+ one stream, (\S+): .*\(round (\d)\)$", l)
+        g = re.match(r"^=+ one stream with MV_MEGAKERNEL_PROFILE=1, (\S+):", l)
+        if m:
+            key = (m.group(1), m.group(2))
+        elif g:
+            key = ("profile", g.group(1))
+        elif l.startswith("==================="):
+            key = None
+        if key:
+            out.setdefault(key, []).append(l)
+    return out
+
+
+def render_step_tail():
+    """Run 82: a decode step's inputs in one copy (MV_PACKED_UPLOAD), SiluAndMul as gate_up's epilogue in the
+    megakernel (MV_MEGAKERNEL_SILU), the reduction's version 2 (MV_MEGAKERNEL_REDUCE), each switched off in turn, two
+    rounds (json/09-engine.r82-V.single.{1,2}.json); the step's GPU span with and without the one copy
+    (MV_STEP_TIMES=1), and the megakernel's profiles (docs/results/09-engine-step-tail.txt)."""
+    runs = load_rounds("09-engine.r82-{k}.single.{r}.json", [k for k, _ in STEP_TAIL_VARIANTS] + ["st", "st_pu0"],
+                       STEP_TAIL_TXT)
+    if not runs:
+        return None
+    lines = open(STEP_TAIL_TXT).read().splitlines()
+    sec = step_tail_sections(lines)
+    d = runs["mk1", 1]
+    mean = lambda k: sum(runs[k, r]["output_tok_s"] for r in (1, 2)) / 2
+    out = [one_stream_head(d) + "(run 82, docs/results/09-engine-step-tail.txt), the variants alternated, two rounds. "
+           "Output tok/s (median of 3 repetitions) and TPOT p50, round 1 / round 2:", "",
+           "| the three changes | output tok/s | TPOT ms | against the default |", "| --- | ---: | ---: | ---: |"]
+    for k, name in STEP_TAIL_VARIANTS:
+        tok = " / ".join(f"{runs[k, r]['output_tok_s']:,.0f}" for r in (1, 2))
+        tpot = " / ".join(f"{runs[k, r]['tpot_ms']['p50']:.3f}" for r in (1, 2))
+        out.append(f"| {name} | {tok} | {tpot} | {100 * mean(k) / mean('mk1'):.1f}% |")
+    steps = {}
+    for (v, r), ls in sec.items():
+        for l in ls:
+            m = re.search(r"graphed decode steps \(MV_STEP_TIMES=1\): ([\d.]+) us a step on the GPU .*?, ([\d.]+) us "
+                          r"on the host", l)
+            if m:
+                steps[v, r] = (float(m.group(1)), float(m.group(2)))
+    if all((v, r) in steps for v in ("st", "st+pu0") for r in ("1", "2")):
+        g = lambda v: sum(steps[v, r][0] for r in ("1", "2")) / 2
+        out += ["", "The step measured whole (`MV_STEP_TIMES=1`, the same run: events before the inputs go up and "
+                "after the ids come down, the mean over the run's 780 graphed decode steps), round 1 / round 2, in us:",
+                "", "| inputs | GPU us a step | host us a step |", "| --- | ---: | ---: |"]
+        for v, name in (("st", "one copy (the default)"), ("st+pu0", "a copy per array (12)")):
+            out.append(f"| {name} | " + " / ".join(f"{steps[v, r][0]:.1f}" for r in ("1", "2")) + " | " +
+                       " / ".join(f"{steps[v, r][1]:.1f}" for r in ("1", "2")) + " |")
+        out.append(f"| difference | {g('st+pu0') - g('st'):.1f} | |")
+    profs = {}
+    for v in ("mk1", "silu0", "red1"):
+        ls = sec.get(("profile", v))
+        if not ls:
+            return None
+        start = next(i for i, l in enumerate(ls) if "megakernel profile of the last step" in l)
+        rows, n_bar, last = profile_at(ls, start)
+        b0 = {g.group(1): g.groups()[1:] for g in map(BLOCK0_LINE.match, ls) if g}
+        piece = next((g.groups() for g in map(PIECE_LINE.match, ls) if g), None)
+        profs[v] = (rows, n_bar, last, b0, piece)
+    out += ["", "The megakernel's profile of the last step (`MV_MEGAKERNEL_PROFILE=1`, the same run), the mean over "
+            "the 28 layers, in us (work + barrier):", "",
+            "| phase | the default | `MV_MEGAKERNEL_SILU=0` | `MV_MEGAKERNEL_REDUCE=1` |", "| --- | ---: | ---: | ---: |"]
+    for i, (name, _, _) in enumerate(profs["mk1"][0]):
+        out.append(f"| {name} | " + " | ".join(f"{profs[v][0][i][1]:.2f} + {profs[v][0][i][2]:.2f}"
+                                               for v in ("mk1", "silu0", "red1")) + " |")
+    out.append(layer_total_row(*(profs[v][0] for v in ("mk1", "silu0", "red1"))))
+    out.append("| to the last barrier | " + " | ".join(f"{profs[v][2]:,.1f}" for v in ("mk1", "silu0", "red1")) + " |")
+    out.append("| block 0: down's input staged | " + " | ".join(f"{float(profs[v][3]['down'][0]):.2f}"
+                                                            for v in ("mk1", "silu0", "red1")) + " |")
+    out.append("| block 0: gate_up's GEMV / down's GEMV | " +
+               " | ".join(f"{float(profs[v][3]['gate_up'][2]):.2f} / {float(profs[v][3]['down'][2]):.2f}"
+                          for v in ("mk1", "silu0", "red1")) + " |")
+    if all(profs[v][4] for v in profs):
+        out += ["", "Block 0's first attention piece (kv head 0, piece 0: 64 of the 512 to 768 keys), from its "
+                "departure from the qkv barrier, and its share of the reduction (head 0), from its departure from the "
+                "pieces' barrier (the same profiles), in us:", "",
+                "| point | the default | `MV_MEGAKERNEL_SILU=0` | `MV_MEGAKERNEL_REDUCE=1` |", "| --- | ---: | ---: | ---: |"]
+        for i, name in enumerate(["the piece starts (its context length read)", "its queries normed and rotated",
+                                  "its keys and values read and used", "its results written",
+                                  "the reduction's share done"]):
+            out.append(f"| {name} | " + " | ".join(f"{float(profs[v][4][i]):.2f}" for v in ("mk1", "silu0", "red1")) + " |")
+    return "\n".join(out) + "\n"
+
+
 def render_gemv_ab():
     """The latency mode at 1 to 8 rows with linear_cuda's own GEMV choice (version 2 up to M = 4, version 3 from
     M = 5) and with version 2 everywhere (MV_LINEAR_GEMV=2), alternated, two rounds
@@ -1429,6 +1528,9 @@ def blocks():
     span = render_step_span()
     if span:
         out["09-engine:step-span"] = ("09-engine.steptimes-s3.1.json", span)
+    tail = render_step_tail()
+    if tail:
+        out["09-engine:step-tail"] = ("09-engine.r82-mk1.single.1.json", tail)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
