@@ -572,9 +572,13 @@ __device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps, no
 // xs[m] = RMSNorm(v) * w for each row m, v = residual_in[m] (+ x[m] when x
 // is given: the fused add, whose sum block 0 stores to residual_out).
 // With `rows_out`, block 0 also stores the normed rows there.
+// With `ids` (layer 0's norm, the embedding in the kernel): v = row ids[m] of
+// `table` [V, H], or zeros for an id outside [0, V) (embedding_cuda's rows),
+// which block 0 stores to res_out as the residual.
 template <int MT, int NW>
 __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, const bf16 *w, bf16 *res_out,
-                                          uint4 *xs, bf16 *rows_out, int H, float eps, norm_sync &ns) {
+                                          uint4 *xs, bf16 *rows_out, int H, float eps, norm_sync &ns,
+                                          const int32_t *ids = NULL, const bf16 *table = NULL, int V = 0) {
     const int nvec = H / 8, i = threadIdx.x;
     // The norm's weight first: it depends on no earlier phase, so its load
     // need not wait behind the block sum's barriers.
@@ -583,7 +587,19 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
     for (int m = 0; m < MT; m++) {
         bf16_vec<8> v;
         float sum_sq = 0.0f;
-        if (i < nvec) {
+        if (i < nvec && ids) {
+            const long long at = (long long)m * H + i * 8;
+            const int id = ids[m];
+            const uint4 raw = id >= 0 && id < V ? __ldg(reinterpret_cast<const uint4 *>(table + (long long)id * H) + i)
+                                                : make_uint4(0, 0, 0, 0);
+            v = *reinterpret_cast<const bf16_vec<8> *>(&raw);
+            if (blockIdx.x == 0) *reinterpret_cast<bf16_vec<8> *>(res_out + at) = v;
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                float f = __bfloat162float(v.v[e]);
+                sum_sq += f * f;
+            }
+        } else if (i < nvec) {
             const long long at = (long long)m * H + i * 8;
             uint4 raw = ldcg16((x ? x : res_in) + at);
             v = *reinterpret_cast<const bf16_vec<8> *>(&raw);
@@ -959,7 +975,13 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     int fused = 0;  // fused adds so far: the residual is res[fused % 2]
 
     norm_sync ns = {bars + BAR_NORM, 0u};
-    norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps, ns);
+    // Layer 0's norm, of the embedding (read here from the table with a.input_ids; block 0 writes the residual).
+    if (a.input_ids)
+        norm_rows<MT, NW>(NULL, NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), res[0], xs, NULL, H, eps,
+                          ns, a.input_ids, reinterpret_cast<const bf16 *>(a.embed), a.vocab);
+    else
+        norm_rows<MT, NW>(res[0], NULL, reinterpret_cast<const bf16 *>(layers[0].input_norm), NULL, xs, NULL, H, eps,
+                          ns);
     for (int l = 0; l < L; l++) {
         const megakernel_layer_t ly = layers[l];
         // 1. input norm, qkv
@@ -1037,6 +1059,13 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     // The final norm; block 0 writes the normed rows.
     norm_rows<MT, NW>(res[fused % 2], x, reinterpret_cast<const bf16 *>(a.final_norm), res[(fused + 1) % 2], xs,
                       reinterpret_cast<bf16 *>(a.hidden_out), H, eps, ns);
+    // The counters back to zero for the next launch (no memset before it):
+    // a block counts itself out once past its last grid barrier's wait, and
+    // the last one out clears both, when no block can still be polling.
+    if (threadIdx.x == 0 && atomicAdd(a.barrier + 1, 1u) == gridDim.x - 1) {
+        atomicExch(a.barrier, 0u);
+        atomicExch(a.barrier + 1, 0u);
+    }
 }
 
 typedef void (*kernel_fn)(const params);
@@ -1309,9 +1338,9 @@ extern "C" int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStr
         !a->gate_up || !a->final_norm || !a->cos_sin || !a->positions || !a->slot_mapping || !a->context_lens ||
         !a->block_tables)
         return mv_error("decode_megakernel_cuda: a null pointer");
+    if (a->input_ids && (!a->embed || a->vocab < 1))
+        return mv_error("decode_megakernel_cuda: input_ids without an embedding table of at least one row");
     if (CUDA_TRY(cudaFuncSetAttribute((const void *)pl.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.smem)) ||
-        CUDA_TRY(cudaMemsetAsync(a->barrier, 0, sizeof(unsigned), stream)) ||
-
         (a->timeline && CUDA_TRY(cudaMemsetAsync(a->timeline, 0,
                                                  sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_WORDS(a->num_layers),
                                                  stream))))

@@ -79,12 +79,18 @@ typedef struct {
     // the step (device arrays, M rows)
     const int32_t *positions, *slot_mapping, *context_lens, *block_tables;
     int max_context_len;                  // the attention's bound (a decode graph: max_model_len)
-    // buffers: residual holds the embedding on entry; hidden_out [M, H] gets the
+    // the embedding: input_ids NULL, the residual holds it on entry; else the
+    // kernel reads the rows of embed [vocab, H] itself (an id outside [0,
+    // vocab) gives a row of zeros, as embedding_cuda) and writes the residual
+    const int32_t *input_ids;
+    const bf16_t *embed;
+    int vocab;
+    // buffers: residual holds the embedding on entry (input_ids NULL); hidden_out [M, H] gets the
     // final norm's output; residual2 [M, H] is scratch, as are the others
     bf16_t *residual, *residual2, *hidden_out, *qkv, *attn, *x, *gate_up;
     float *attn_ws;                       // the split decode's pieces
     size_t attn_ws_bytes;
-    unsigned *barrier;                    // one counter, zeroed by decode_megakernel_cuda
+    unsigned *barrier;                    // two counters, zero before the first launch; each launch leaves them zero
     // NULL, or [MEGAKERNEL_TIMELINE_WORDS] for a profile of the step: for
     // barrier i, [2i] the last block's arrival and [2i + 1] block 0's
     // departure (%globaltimer, ns); [2 * (slots - 1)] the kernel's start,
@@ -120,8 +126,11 @@ int decode_megakernel_applies(const megakernel_args_t *a, const megakernel_layer
 int decode_megakernel_gates(const char *value, int gate[4], int *gated, char *why, size_t why_len);
 
 // The decoder layers and the final norm of a decode step of M rows (see
-// above), enqueued as a memset of the barrier counter and one cooperative
-// launch. Capturable into a CUDA graph. -1 with mv_error() on bad arguments.
+// above), and with input_ids the embedding before them, enqueued as one
+// cooperative launch (and a memset of the timeline, with one). Its grid
+// barrier's counters must be zero before the first launch; the last block
+// to finish sets them to zero again. Capturable into a CUDA graph. -1 with
+// mv_error() on bad arguments.
 int decode_megakernel_cuda(const megakernel_args_t *a, int M, cudaStream_t stream);
 
 #ifdef __cplusplus

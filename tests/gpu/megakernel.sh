@@ -115,7 +115,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # s1 / s2 / s3 the sampler's version (MV_SAMPLER; kernels/sampling.h), silu0 / silu1 the megakernel's
 # SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
-# (MV_PACKED_UPLOAD), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
+# (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
+# (MV_MEGAKERNEL_EMBED), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -135,6 +136,7 @@ variant_env() {
     silu0|silu1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_SILU="${1#silu}" ;;
     red1|red2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red}" ;;
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
+    emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac

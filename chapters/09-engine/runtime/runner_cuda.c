@@ -195,6 +195,7 @@ typedef struct {
     int step_tm, step_sm;             // the full layout's sizes (Tm tokens, Sm rows)
     int step_sg;                      // rows of the packed decode layout in d / h now; 0: the full layout
     int upload_arrays;                // MV_PACKED_UPLOAD=0: a decode step's inputs in a copy per array, as before
+    int mk_embed;                     // the embedding inside the megakernel (MV_MEGAKERNEL_EMBED, default 1)
     // vLLM's other sampling options (kernels/sampling_opts.h; rank 0 only):
     int32_t *d_opt_ids, *h_opt_ids;   // [opt_ids_cap] the rows' penalty and min_tokens ids (h: pinned)
     int opt_ids_cap;                  // Sm x (max_model_len + OPT_STOP_IDS)
@@ -612,7 +613,7 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
 // 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
-// version), MV_STEP_TIMES, MV_PACKED_UPLOAD and MV_MEGAKERNEL_SILU (0 or 1),
+// version), MV_STEP_TIMES, MV_PACKED_UPLOAD, MV_MEGAKERNEL_SILU and MV_MEGAKERNEL_EMBED (0 or 1),
 // MV_MEGAKERNEL_REDUCE (1 or 2), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
 // any other value is refused at
 // creation, naming it, rather than read as
@@ -654,6 +655,10 @@ static int check_switches(void) {
     if (mred && strcmp(mred, "1") && strcmp(mred, "2"))
         return mv_error("MV_MEGAKERNEL_REDUCE=%s: it takes 1 or 2 (the version of the megakernel's split-attention "
                         "reduction; default 2)", mred);
+    const char *memb = getenv("MV_MEGAKERNEL_EMBED");
+    if (memb && strcmp(memb, "0") && strcmp(memb, "1"))
+        return mv_error("MV_MEGAKERNEL_EMBED=%s: it takes 0 (the embedding as a kernel of its own before the "
+                        "megakernel) or 1 (the megakernel's first read, the default)", memb);
     const char *pu = getenv("MV_PACKED_UPLOAD");
     if (pu && strcmp(pu, "0") && strcmp(pu, "1"))
         return mv_error("MV_PACKED_UPLOAD=%s: it takes 0 (a decode step's inputs in a copy per array) or 1 (in one "
@@ -683,6 +688,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
     s->upload_arrays = getenv("MV_PACKED_UPLOAD") && !strcmp(getenv("MV_PACKED_UPLOAD"), "0");
+    s->mk_embed = !(getenv("MV_MEGAKERNEL_EMBED") && !strcmp(getenv("MV_MEGAKERNEL_EMBED"), "0"));
     if (getenv("MV_STEP_TIMES") && !strcmp(getenv("MV_STEP_TIMES"), "1") &&
         (CUDA_TRY(cudaEventCreate(&s->step_ev[0])) || CUDA_TRY(cudaEventCreate(&s->step_ev[1]))))
         return -1;
@@ -1122,6 +1128,7 @@ static int megakernel_prepare(model_runner_t *r) {
     if (dev_alloc((void **)&s->d_mk_layers, (size_t)L * sizeof *h, sb, "the megakernel's layer table") ||
         dev_alloc((void **)&s->d_residual2, (size_t)8 * H * sizeof(bf16_t), sb, "the megakernel's residual") ||
         dev_alloc((void **)&s->d_mk_barrier, 64, sb, "the megakernel's barrier") ||
+        CUDA_TRY(cudaMemset(s->d_mk_barrier, 0, 64)) ||  // each launch leaves its counters zero again
         (getenv("MV_MEGAKERNEL_PROFILE") && !strcmp(getenv("MV_MEGAKERNEL_PROFILE"), "1") &&
          dev_alloc((void **)&s->d_mk_timeline, sizeof(unsigned long long) * MEGAKERNEL_TIMELINE_WORDS(L), sb,
                    "the megakernel's profile")) ||
@@ -1165,8 +1172,10 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         // The decode megakernel: every layer and the final norm in one kernel.
         megakernel_args_t a;
         megakernel_args_fill(r, s, &a, max_context_len);
+        // The embedding as the megakernel's first read (MV_MEGAKERNEL_EMBED=0: its own kernel).
         // Every row is sampled (T == N): the LM head reads the final norm's rows as they are.
-        if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream) ||
+        if (s->mk_embed) a.input_ids = s->d.input_ids, a.embed = s->d_embed, a.vocab = V;
+        if ((!s->mk_embed && embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream)) ||
             decode_megakernel_cuda(&a, S, s->stream) ||
             linear_cuda(s->cublas, s->d_logits_bf16, s->d_hidden, s->d_lm_head, NULL, N, V, H, s->stream) ||
             bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
