@@ -1096,7 +1096,8 @@ def render_step_tail():
                        STEP_TAIL_TXT)
     if not runs:
         return None
-    lines = open(STEP_TAIL_TXT).read().splitlines()
+    all_lines = open(STEP_TAIL_TXT).read().splitlines()
+    lines = run_block(all_lines, 82)
     sec = step_tail_sections(lines)
     d = runs["mk1", 1]
     mean = lambda k: sum(runs[k, r]["output_tok_s"] for r in (1, 2)) / 2
@@ -1155,6 +1156,21 @@ def render_step_tail():
                                   "its keys and values read and used", "its results written",
                                   "the reduction's share done"]):
             out.append(f"| {name} | " + " | ".join(f"{float(profs[v][4][i]):.2f}" for v in ("mk1", "silu0", "red1")) + " |")
+    r83 = load_rounds("09-engine.r83-{k}.single.{r}.json", ["mk1", "emb0", "gates_-3_0_2_4", "gates_-2_0_3_4",
+                                                            "gates_off"])
+    if r83:
+        m83 = lambda k: sum(r83[k, r]["output_tok_s"] for r in (1, 2)) / 2
+        e = r83["mk1", 1]
+        out += ["", f"Run 83 (commit {e['commit']}, the same command and kind of card, two rounds): the embedding read "
+                "by the megakernel itself (the default) against its own kernel before it (`MV_MEGAKERNEL_EMBED=0`; "
+                "in both the kernel's last block clears its barrier's counters, where a memset node came before each "
+                "launch), and three other schedules of the producer's refills (`MV_MEGAKERNEL_GATES`, the gates table "
+                "above), output tok/s round 1 / round 2:", "", "| variant | output tok/s | against the default |", "| --- | ---: | ---: |"]
+        for k, name in (("mk1", "the default (gates -2,0,2,4)"), ("emb0", "`MV_MEGAKERNEL_EMBED=0`"),
+                        ("gates_-3_0_2_4", "gates -3,0,2,4"), ("gates_-2_0_3_4", "gates -2,0,3,4"),
+                        ("gates_off", "gates off")):
+            out.append(f"| {name} | " + " / ".join(f"{r83[k, r]['output_tok_s']:,.0f}" for r in (1, 2)) +
+                       f" | {100 * m83(k) / m83('mk1'):.1f}% |")
     return "\n".join(out) + "\n"
 
 
