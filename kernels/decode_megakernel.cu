@@ -116,13 +116,23 @@ struct cfg {
 };
 
 // The consumers' own barrier (named barrier 1): the producer never waits
-// for them there.
+// for them there. Built with MV_MK_CSYNC_MBAR (an experiment: chapter 09,
+// exercise 12), an mbarrier of the consumers' arrivals in its place, which
+// compute-sanitizer's racecheck follows.
+#ifdef MV_MK_CSYNC_MBAR
+__shared__ uint64_t csync_bar;
+template <int NW>
+struct csync {
+    static __device__ __forceinline__ void sync() { mv_mbar::mbar_arrive_wait(&csync_bar); }
+};
+#else
 template <int NW>
 struct csync {
     static __device__ __forceinline__ void sync() {
         asm volatile("bar.sync 1, %0;" ::"n"(cfg<NW>::CONSUMERS) : "memory");
     }
 };
+#endif
 
 // A team's barrier while attention runs (named barriers 2, 3, ...).
 struct team_sync {
@@ -958,6 +968,9 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
     if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY && i < BAR_GATE ? CONSUMERS : 1);
+#ifdef MV_MK_CSYNC_MBAR
+    if (threadIdx.x == 0) mbar_init(&csync_bar, CONSUMERS);
+#endif
     __syncthreads();
     if (threadIdx.x >= CONSUMERS) {  // the producer warp's lane 0; its other lanes are done
         if (threadIdx.x == CONSUMERS) producer(p, bufs, bars);
