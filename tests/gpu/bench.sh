@@ -60,10 +60,13 @@ cap() { local left=$(( TOTAL_S - 20 - $(elapsed) )); [ "$left" -gt "$1" ] && lef
 
 if [ "$DEVICE" = cuda ]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  # The carried Debian packages, for the build and for a binary built elsewhere (MV=PATH: no build),
+  # which finds them through the library path.
+  mkdir -p /opt/deps
+  for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
+  export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   if [ "$MV" = ./build/minivllm ]; then  # make rebuilds only what is older than its sources
     echo "=================== build ($(elapsed) s)"
-    mkdir -p /opt/deps
-    for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
     timeout "$(cap 240)" make -j16 DEPS_PREFIX=/opt/deps CUDA_ARCH=90 build/minivllm > "$OUT/build.log" 2>&1 \
       || { tail -30 "$OUT/build.log"; echo "bench.sh: BUILD FAILED"; exit 1; }
     echo "built in $(elapsed) s"
