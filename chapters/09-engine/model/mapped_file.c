@@ -4,6 +4,7 @@
  */
 #include "chapters/09-engine/model/mapped_file.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -55,12 +56,25 @@ void mapped_file_close(mapped_file_t *f) {
 
 // ---- strict JSON -----------------------------------------------------------------------------
 
+// Whether the escape \u at s[i] (s[i] == 'u') gives cJSON a NUL: \u0000,
+// or a \u not followed by four hex digits (cJSON reads the others as 0).
+static int u_escape_is_nul(const char *s, size_t n, size_t i) {
+    if (i + 4 >= n) return 1;
+    int zero = 1;
+    for (size_t d = 1; d <= 4; d++) {
+        if (!isxdigit((unsigned char)s[i + d])) return 1;
+        zero &= s[i + d] == '0';
+    }
+    return zero;
+}
+
 // The index (in document order, from 0) of the first string of text[0..n)
-// that holds a NUL, as a raw 0x00 byte or as the escape \u0000; -1 if none.
-// *raw_at gets the offset of a raw 0x00 byte found outside any string
-// (cJSON skips it as if it were a space), else stays SIZE_MAX. Lexing JSON
-// strings needs no parser: outside a string '"' opens one; inside, '\\'
-// escapes the next byte and '"' closes it.
+// that holds a NUL, as a raw 0x00 byte (escaped or not), as the escape
+// \u0000, or as a \u escape without four hex digits, which cJSON turns into
+// one; -1 if none. *raw_at gets the offset of a raw 0x00 byte found outside
+// any string (cJSON skips it as if it were a space), else stays SIZE_MAX.
+// Lexing JSON strings needs no parser: outside a string '"' opens one;
+// inside, '\\' escapes the next byte and '"' closes it.
 static long first_nul_string(const char *s, size_t n, size_t *raw_at) {
     long k = -1;
     for (size_t i = 0; i < n; i++) {
@@ -71,7 +85,7 @@ static long first_nul_string(const char *s, size_t n, size_t *raw_at) {
             if (s[i] == '\0') return k;
             if (s[i] == '\\' && i + 1 < n) {
                 i++;
-                if (s[i] == 'u' && i + 4 < n && memcmp(s + i + 1, "0000", 4) == 0) return k;
+                if (s[i] == '\0' || (s[i] == 'u' && u_escape_is_nul(s, n, i))) return k;
             }
         }
     }
