@@ -311,7 +311,7 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
         int splits = num_splits, row_piece = version >= 3 ? 1 : 0;
         if (!splits) {
             splits = attention_decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size);
-            if (version == 4 && decode_balanced(num_seqs, num_kv_heads, splits, mv_num_sms())) {
+            if (version >= 4 && decode_balanced(num_seqs, num_kv_heads, splits, mv_num_sms())) {
                 splits = DEC_BALANCE_SPLITS;
                 row_piece = DEC_MIN_PIECE;
             }
@@ -323,7 +323,7 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
         if (need > 0 && !mv_aligned(d_workspace, 16))
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
         if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, row_piece, stream))
+                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());

@@ -67,6 +67,12 @@
  *              row's block does not hold up the layer (unsplit, a block reads
  *              ~34 keys a microsecond: 60 us for 2,048 keys). Elsewhere, and
  *              with an explicit num_splits, version 3.
+ *   decode  5  version 4 with the pieces' reduction in its version 2
+ *              (decode_reduce_one_v2: every load of up to 16 pieces issued
+ *              before the first sum, lane k loading piece k's max and sum):
+ *              the same sums in the same order, so version 4's bits. The
+ *              decode megakernel reduces its pieces this way; this version
+ *              puts that code under chapter 07's check.
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H
@@ -83,7 +89,7 @@ extern "C" {
 
 #define ATTN_PREFILL_NUM_VERSIONS 3
 #define ATTN_PREFILL_FAST 3  // the version the engine uses
-#define ATTN_DECODE_NUM_VERSIONS 4
+#define ATTN_DECODE_NUM_VERSIONS 5
 #define ATTN_DECODE_FAST 4   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64
 

@@ -374,14 +374,21 @@ __device__ __forceinline__ void decode_reduce_one_v2(int h, int s, int d, bf16 *
 }
 
 #ifndef MV_DECODE_DEVICE_ONLY
-// The reduction kernel: grid (H, num_seqs), D threads each.
+// The reduction kernel: grid (H, num_seqs), D threads each (whole warps of
+// one (h, s), as version 2 of the reduction needs). RV: the reduction's
+// version, 1 (decode versions 2 to 4) or 2 (decode version 5).
+template <int RV>
 __global__ void __launch_bounds__(128)
 decode_reduce_kernel(bf16 *out, const float *ws_o, const float *ws_ml, const int32_t *context_lens, int H, int D,
                      int num_splits, int split_len) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
-    decode_reduce_one<dec_ld_nc>(blockIdx.x, blockIdx.y, threadIdx.x, out, ws_o, ws_ml, context_lens, H, D,
-                                 num_splits, split_len);
+    if constexpr (RV == 2)
+        decode_reduce_one_v2<dec_ld_nc>(blockIdx.x, blockIdx.y, threadIdx.x, out, ws_o, ws_ml, context_lens, H, D,
+                                        num_splits, split_len);
+    else
+        decode_reduce_one<dec_ld_nc>(blockIdx.x, blockIdx.y, threadIdx.x, out, ws_o, ws_ml, context_lens, H, D,
+                                     num_splits, split_len);
 }
 
 // How many pieces each sequence's context is cut into (see attention.h):
@@ -423,7 +430,7 @@ static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, in
 template <int D, int G>
 static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, cudaStream_t stream) {
+                               int row_piece, int reduce_v, cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
@@ -438,8 +445,9 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
     mv_launch(decode_kernel_v2<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, q, q_stride, kv, H, Hkv, scale_log2,
               num_splits, split_len, ws_o, ws_ml);
     if (num_splits > 1)
-        mv_launch(decode_reduce_kernel, dim3((unsigned)H, (unsigned)num_seqs), dim3(D), 0, stream, out,
-                  (const float *)ws_o, (const float *)ws_ml, kv.context_lens, H, D, num_splits, split_len);
+        mv_launch(reduce_v == 2 ? decode_reduce_kernel<2> : decode_reduce_kernel<1>, dim3((unsigned)H, (unsigned)num_seqs),
+                  dim3(D), 0, stream, out, (const float *)ws_o, (const float *)ws_ml, kv.context_lens, H, D, num_splits,
+                  split_len);
 }
 
 // G: the largest of 8, 4, 2, 1 that divides the group; a group of another
@@ -448,25 +456,25 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
 template <int D>
 static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, cudaStream_t stream) {
+                               int row_piece, int reduce_v, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
-        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
     else if (group % 4 == 0)
-        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
     else if (group % 2 == 0)
-        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
     else
-        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
 }
 
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            int row_piece, cudaStream_t stream) {
+                            int row_piece, int reduce_v, cudaStream_t stream) {
     if (D == 128)
-        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
     else
-        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, stream);
+        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
     return 0;
 }
 #endif  // MV_DECODE_DEVICE_ONLY

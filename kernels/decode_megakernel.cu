@@ -170,6 +170,9 @@ struct params {
     // 2: the split attention's reduction with all its loads first
     // (decode_reduce_one_v2); 1: decode_reduce_one (MV_MEGAKERNEL_REDUCE).
     int reduce_v;
+    // 1 or 2: the GEMV with x in registers, that many items at once
+    // (gemv_xr, MV_MEGAKERNEL_XREG); 0: mk::gemv.
+    int xreg;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -473,6 +476,128 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
     }
 }
 
+// ---- the same GEMV with the input in registers (MV_MEGAKERNEL_XREG) ---------------------
+//
+// mk::gemv loads each lane's chunks of x from shared memory again for every
+// item, and converts them to fp32 again: a third of an item's instructions,
+// and a load the item's FMAs wait on. But which chunks of x a lane reads
+// depends only on the slice q (chunk (q + t ks) 32 + lane, t = 0, 1, ...),
+// not on the row pair; and a warp's items it = warp, warp + NW, ... all have
+// q = warp % ks when NW is a multiple of ks. So each lane converts its (at
+// most GEMV_U) chunks of x once, into registers, and an item is its weight
+// loads, the FMAs and the sums. IW items are taken at once (their loads
+// first: IW independent chains of FMAs). Every sum is the one mk::gemv takes
+// in the same order, so the bits are its bits. It applies when a lane's
+// chunks fit (slabs <= U ks, which linear_gemv_k_split gives for K up to
+// 32 U 8 GEMV_MAX_WARPS) and NW % ks == 0, at MT <= 2 (the registers);
+// xreg_applies says so, and the kernel falls back to mk::gemv otherwise.
+__device__ __forceinline__ bool xreg_applies(int K, int ks, int NW, int MT) {
+    return MT <= 2 && NW % ks == 0 && (K / 8 + 31) / 32 <= 4 * ks;
+}
+
+template <int MT, int NW, int IW = 1, bool SILU = false>
+__device__ __forceinline__ void gemv_xr(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+    constexpr int U = 4, RM = 2 * MT;
+    const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = warp % ks;
+    const int pairs = b.rows / 2, items = pairs * ks;
+    const long long pair_step = SILU ? kc : 2LL * kc, second = SILU ? (long long)pairs * kc : kc;
+    float xf[U][MT][8];
+    bool okc[U];
+#pragma unroll
+    for (int t = 0; t < U; t++) {
+        const int c = (q + t * ks) * 32 + lane;
+        okc[t] = c < kc;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const uint4 v = okc[t] ? xs[m * kc + c] : make_uint4(0, 0, 0, 0);
+            unpack8(v, xf[t][m]);
+        }
+    }
+    for (int it0 = warp; it0 < items; it0 += NW * IW) {
+        bool live[IW];
+        uint4 wv[IW][U][2];
+        float acc[IW][2][MT];
+#pragma unroll
+        for (int i = 0; i < IW; i++) {
+            const int it = it0 + i * NW;
+            live[i] = it < items;
+            const int pr = (live[i] ? it : it0) / ks;
+            const uint4 *w0 = b.mem + pr * pair_step, *w1 = w0 + second;
+#pragma unroll
+            for (int t = 0; t < U; t++) {
+                const int c = (q + t * ks) * 32 + lane;
+                wv[i][t][0] = okc[t] && live[i] ? w0[c] : make_uint4(0, 0, 0, 0);
+                wv[i][t][1] = okc[t] && live[i] ? w1[c] : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) acc[i][r][m] = 0.0f;
+        }
+#pragma unroll
+        for (int t = 0; t < U; t++) {
+            if (!okc[t]) continue;
+#pragma unroll
+            for (int i = 0; i < IW; i++) {
+                float wf[2][8];
+                unpack8(wv[i][t][0], wf[0]);
+                unpack8(wv[i][t][1], wf[1]);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int j = 0; j < 8; j++) acc[i][r][m] = fmaf(wf[r][j], xf[t][m][j], acc[i][r][m]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < IW; i++) {
+            if (!live[i]) continue;  // the same for every lane of the warp
+            const int it = it0 + i * NW, pr = it / ks;
+            if constexpr (SILU) {
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const float g = warp_sum(acc[i][0][m]), u = warp_sum(acc[i][1][m]);
+                    if (ks == 1) {
+                        if (lane == m) out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(0.0f + g, 0.0f + u);
+                    } else if (lane == m) {
+                        part[it * RM + m] = g;
+                        part[it * RM + MT + m] = u;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        const float v = warp_sum(acc[i][r][m]);
+                        if (lane != r * MT + m) continue;
+                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                        else part[it * RM + r * MT + m] = v;
+                    }
+            }
+        }
+    }
+    if (ks == 1) return;
+    csync<NW>::sync();
+    if constexpr (SILU) {
+        for (int o = threadIdx.x; o < pairs * MT; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / MT, m = o % MT;
+            float g = 0.0f, u = 0.0f;
+            for (int k = 0; k < ks; k++) g += part[(pr * ks + k) * RM + m];
+            for (int k = 0; k < ks; k++) u += part[(pr * ks + k) * RM + MT + m];
+            out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(g, u);
+        }
+    } else {
+        for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+            float v = 0.0f;
+            for (int k = 0; k < ks; k++) v += part[(pr * ks + k) * RM + rm];
+            out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
+        }
+    }
+}
+
 // ---- the GEMV from shared memory, version 3 (linear_gemv_mma_kernel's sums) -------------
 //
 // The block's rows of W (shared, [rows] rows of pitch uint4s: K / 8 and
@@ -534,15 +659,25 @@ __device__ __noinline__ void gemv_mma(const wbuf b, int K, int pitch, const uint
     }
 }
 
-// The kernel's GEMV: version GV (2 or 3) of the block's rows in b.
+// The kernel's GEMV: version GV (2 or 3) of the block's rows in b; version
+// 2 with x in registers (gemv_xr, IW = xreg items at once) where xreg > 0
+// and it applies.
 template <int GV, int MT, int NW, bool SILU = false>
-__device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned pad, const uint4 *xs, bf16 *out,
-                                         int N, float *part) {
+__device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned pad, int xreg, const uint4 *xs,
+                                         bf16 *out, int N, float *part) {
     static_assert(!SILU || GV == 2, "SiluAndMul's epilogue in GEMV version 2 only");
-    if constexpr (GV == 3)
+    if constexpr (GV == 3) {
         gemv_mma<MT, NW>(b, K, (int)((2u * (unsigned)K + pad) / 16u), xs, out, N, part);
-    else
+    } else {
+        if constexpr (MT <= 2) {
+            if (xreg > 0 && xreg_applies(K, ks, NW, MT)) {
+                if (xreg == 2) gemv_xr<MT, NW, 2, SILU>(b, K, ks, xs, out, N, part);
+                else gemv_xr<MT, NW, 1, SILU>(b, K, ks, xs, out, N, part);
+                return;
+            }
+        }
         gemv<MT, NW, 1, SILU>(b, K, ks, xs, out, N, part);
+    }
 }
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
@@ -1007,7 +1142,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 0, 0);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
-        gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
+        gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
@@ -1033,7 +1168,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 1, 0);
         wait(B, H);
         mark(tl, L, l, 1, 1);
-        gemv_any<GV, MT, NW>(B, p.qn, p.ks_qn, p.pad, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv_any<GV, MT, NW>(B, p.qn, p.ks_qn, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 1, 2);
@@ -1047,10 +1182,10 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         wait(A, 2 * I);
         mark(tl, L, l, 2, 1);
         if constexpr (GV == 2) {
-            if (p.silu_epi) gemv_any<GV, MT, NW, true>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), I, part);
-            else gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+            if (p.silu_epi) gemv_any<GV, MT, NW, true>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.gate_up), I, part);
+            else gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         } else {
-            gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
+            gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.gate_up), 2 * I, part);
         }
         release(A);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
@@ -1063,7 +1198,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         mark(tl, L, l, 3, 0);
         wait(B, H);
         mark(tl, L, l, 3, 1);
-        gemv_any<GV, MT, NW>(B, I, p.ks_i, p.pad, xs, reinterpret_cast<bf16 *>(a.x), H, part);
+        gemv_any<GV, MT, NW>(B, I, p.ks_i, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.x), H, part);
         release(B);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 3, 2);
@@ -1239,6 +1374,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (red && strcmp(red, "1") && strcmp(red, "2")) NOPE("MV_MEGAKERNEL_REDUCE=%s (1 or 2)", red);
     p.silu_epi = !(silu && !strcmp(silu, "0")) && gv != LINEAR_GEMV_MMA;
     p.reduce_v = red && !strcmp(red, "1") ? 1 : 2;
+    // The GEMV with x in registers (MV_MEGAKERNEL_XREG=1 or 2 items at once; 0 mk::gemv's loads from shared memory).
+    const char *xr = getenv("MV_MEGAKERNEL_XREG");
+    if (xr && strcmp(xr, "0") && strcmp(xr, "1") && strcmp(xr, "2")) NOPE("MV_MEGAKERNEL_XREG=%s (0, 1 or 2)", xr);
+    p.xreg = xr ? atoi(xr) : 1;
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

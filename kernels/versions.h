@@ -79,6 +79,7 @@ static const kernel_version_t ATTN_DECODE_VERSION_TABLE[] = {
     {2, "v2-gqa-split"},
     {3, "v3-gqa-split-per-row"},
     {4, "v4-gqa-balanced-pieces"},
+    {5, "v5-reduce-loads-first"},
     {0, NULL},
 };
 

@@ -421,11 +421,25 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
     check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
     // Version 3 the same, and with the bound of a decode graph (pieces cut
     // from each sequence's own context: the bound must change nothing).
+    // Version 5 is version 4 with the reduction's loads first: its bits must
+    // be version 4's wherever the pieces are reduced.
     const int splits[3] = {1, 3, 0};
-    for (int v = 2; v <= 4; v++) {
+    for (int v = 2; v <= ATTN_DECODE_NUM_VERSIONS; v++) {
         for (int i = 0; i < 3; i++) {
             r = (run_t){RUN_DECODE, v, splits[i], d.max_ctx, &d};
-            check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
+            bf16_t *got = check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, v == 5);
+            if (got && harness_kernel_wanted(h, 4)) {
+                r.version = 4;
+                size_t n;
+                bf16_t *want = run_once(&r, &n);
+                char what[160];
+                snprintf(what, sizeof what, "decode %s splits=%d: the bits of %s, %s", attention_decode_version_name(5),
+                         splits[i], attention_decode_version_name(4), shape);
+                harness_check_bool(h, "gpu", case_name, what, memcmp(got, want, n * sizeof(bf16_t)) == 0,
+                                   "the reduction's version 2 takes version 1's sums in the same order");
+                free(want);
+            }
+            free(got);
         }
         r = (run_t){RUN_DECODE, v, 3, d.max_ctx + 1000, &d};
         check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
@@ -649,11 +663,11 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, d
     // that bound gives. Version 2 cuts them from the bound, version 3 from
     // each sequence's context; version 4 takes its own automatic count.
     const int bound = ctx > 4096 ? ctx : 4096, graph_splits = attention_decode_num_splits(S, Hkv, bound, bs);
-    for (int v = 2; v <= 4; v++) {
+    for (int v = 2; v <= ATTN_DECODE_NUM_VERSIONS; v++) {
         if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
-        run_t rg = {RUN_DECODE, v, v == 4 ? 0 : graph_splits, bound, &d};
+        run_t rg = {RUN_DECODE, v, v >= 4 ? 0 : graph_splits, bound, &d};
         check_run(h, case_name, &rg, ref, tol, shape, 0);
-        if (v == 4) snprintf(label, sizeof label, "%s, automatic, bound %d", attention_decode_version_name(v), bound);
+        if (v >= 4) snprintf(label, sizeof label, "%s, automatic, bound %d", attention_decode_version_name(v), bound);
         else
             snprintf(label, sizeof label, "%s, %d split%s, bound %d", attention_decode_version_name(v), graph_splits,
                      graph_splits > 1 ? "s" : "", bound);

@@ -450,7 +450,9 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
 // unfused kernels at 1 to 8 rows, which no other case reaches), which must
 // not take it and must give the same bits too; and at 1 and 2 rows with
 // MV_MEGAKERNEL_FUSED_ROPE=0 (the megakernel's q/k norm + RoPE + KV store
-// as a phase of their own instead of inside its attention pieces).
+// as a phase of their own instead of inside its attention pieces) and
+// MV_MEGAKERNEL_XREG=0 (its GEMV's x read from shared memory for every row
+// pair), and with MV_MEGAKERNEL_XREG=2 (x in registers, two pairs at once).
 static int megakernel_expected(void) {
 #if MV_HAVE_CUDA
     int dev = 0, major = 0;
@@ -463,12 +465,28 @@ static int megakernel_expected(void) {
 }
 
 // use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0, 2 with
-// MV_MEGAKERNEL=1 and MV_MEGAKERNEL_FUSED_ROPE=0 (1 and 2 rows only).
+// MV_MEGAKERNEL=1, MV_MEGAKERNEL_FUSED_ROPE=0 and MV_MEGAKERNEL_XREG=0 (the
+// GEMV's x from shared memory), 3 with MV_MEGAKERNEL_XREG=2 (x in
+// registers, two row pairs at once); 2 and 3 at 1 and 2 rows only.
+static const char *const mk_switches[4][2] = {
+    {NULL, NULL}, {NULL, NULL}, {"MV_MEGAKERNEL_FUSED_ROPE=0", "MV_MEGAKERNEL_XREG=0"}, {"MV_MEGAKERNEL_XREG=2", NULL}};
+static void mk_switches_set(int use, int on) {
+    for (int i = 0; i < 2; i++) {
+        const char *kv = mk_switches[use][i];
+        if (!kv) continue;
+        char name[64];
+        const size_t n = strcspn(kv, "=");
+        snprintf(name, sizeof name, "%.*s", (int)n, kv);
+        if (on) setenv(name, kv + n + 1, 1);
+        else unsetenv(name);
+    }
+}
+
 static void check_megakernel_with(const char *dir, const golden_t *g, int random_weights, int use) {
     static const int batches[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
         const int B = batches[bi], n = B <= g->n_cases ? B : g->n_cases;
-        if (use == 2 && B > 2) break;
+        if (use >= 2 && B > 2) break;
         for (int sampled = 0; sampled < 2; sampled++) {
             engine_output_t a[MAX_CASES], b[MAX_CASES];
             logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
@@ -479,11 +497,11 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
             char saved[16];
             snprintf(saved, sizeof saved, "%s", was ? was : "");
             setenv("MV_MEGAKERNEL", use ? "1" : "0", 1);
-            if (use == 2) setenv("MV_MEGAKERNEL_FUSED_ROPE", "0", 1);
+            mk_switches_set(use, 1);
             const int rc_a = !ha || !hb || run_hashed_ex(dir, 0, sampled, g, f, n, B, random_weights, a, ha, &graphs, &mk);
             if (was) setenv("MV_MEGAKERNEL", saved, 1);
             else unsetenv("MV_MEGAKERNEL");
-            if (use == 2) unsetenv("MV_MEGAKERNEL_FUSED_ROPE");
+            mk_switches_set(use, 0);
             if (rc_a || run_hashed_ex(dir, 1, sampled, g, f, n, B, random_weights, b, hb, &none, &dummy)) {
                 verdict("FAIL", "%s megakernel, %d rows, %s: %s", dir, B, sampled ? "sampled" : "greedy", mv_last_error());
                 free(ha), free(hb);
@@ -494,9 +512,10 @@ static void check_megakernel_with(const char *dir, const golden_t *g, int random
             const int ran = B <= mk;
             char how[160];
             if (use)
-                snprintf(how, sizeof how, "%s%s (megakernel: steps of 1 to %d rows)",
-                         ran ? "the megakernel" : "the unfused graph",
-                         use == 2 ? " with MV_MEGAKERNEL_FUSED_ROPE=0" : "", mk);
+                snprintf(how, sizeof how, "%s%s%s%s%s (megakernel: steps of 1 to %d rows)",
+                         ran ? "the megakernel" : "the unfused graph", mk_switches[use][0] ? " with " : "",
+                         mk_switches[use][0] ? mk_switches[use][0] : "", mk_switches[use][1] ? " " : "",
+                         mk_switches[use][1] ? mk_switches[use][1] : "", mk);
             else
                 snprintf(how, sizeof how, "the unfused graph (MV_MEGAKERNEL=0)");
             if (use && mk == 0 && megakernel_expected())
@@ -522,6 +541,7 @@ static void check_megakernel(const char *dir, const golden_t *g, int random_weig
     check_megakernel_with(dir, g, random_weights, 1);
     check_megakernel_with(dir, g, random_weights, 0);
     check_megakernel_with(dir, g, random_weights, 2);
+    check_megakernel_with(dir, g, random_weights, 3);
 }
 
 // Qwen3-0.6B's shapes with random weights: 8 prompts of 20 to 62 ids

@@ -13,7 +13,9 @@
  * times it with clock64 and %globaltimer:
  *
  *   per projection, consumer-warp count NW (8, the kernel's; 16) and items
- *   a warp takes at once IW (1, the kernel's; 2, 3: mk::gemv's IW): the
+ *   a warp takes at once IW (1, the kernel's; 2, 3: mk::gemv's IW), and
+ *   x read from shared memory for every item (mk::gemv) or converted once
+ *   into registers (mk::gemv_xr, IW 1 or 2; MV_MEGAKERNEL_XREG): the
  *   cycles and ns of one GEMV (the mean of 200 after 10 to warm up,
  *   thread 0 of block 0 after all consumer warps met), and the bytes of
  *   weights a block read per ns; every variant's output must be bit for
@@ -68,6 +70,8 @@ __global__ void gemv_alone(int N, int K, int ks, bf16 *out, unsigned long long *
         const unsigned long long c0 = clock64(), t0 = globaltimer();
         if constexpr (GV == 3)
             gemv_mma<1, NW>(b, K, pitch, xs, out, N, part);
+        else if constexpr (GV == 4)
+            gemv_xr<1, NW, IW>(b, K, ks, xs, out, N, part);
         else
             gemv<1, NW, IW>(b, K, ks, xs, out, N, part);
         csync<NW>::sync();
@@ -111,14 +115,14 @@ static int run_mma(const char *name, int N, int K, bf16 *out, unsigned long long
 // every variant but the first would compare against zeros).
 static unsigned short g_out[6144], g_ref[6144];
 
-template <int NW, int IW>
+template <int NW, int IW, int GV = 2>
 static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_res, int sms, bool first, int *bad) {
     const int ks = linear_gemv_k_split(K);
     const size_t rows = share_bytes(N, K, sms) / 2 / K;
     const size_t smem = (rows * K * 2 + 127) / 128 * 128 + (size_t)K * 2 + rows / 2 * ks * 2 * sizeof(float) + 256;
-    CK(cudaFuncSetAttribute(gemv_alone<NW, IW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(gemv_alone<NW, IW, GV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaMemset(out, 0xff, (size_t)N * 2));
-    gemv_alone<NW, IW><<<sms, 32 * NW, smem>>>(N, K, ks, out, d_res);
+    gemv_alone<NW, IW, GV><<<sms, 32 * NW, smem>>>(N, K, ks, out, d_res);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     unsigned long long r[4];
@@ -130,9 +134,9 @@ static int run(const char *name, int N, int K, bf16 *out, unsigned long long *d_
     int diff = 0;
     for (int i = 0; i < N; i++) diff += h[i] != hr[i];
     const double cyc = (double)r[0] / REPS, ns = (double)r[1] / REPS;
-    printf("%-13s warps %2d  items %d  rows %3llu  K %5d  ks %d  %8.0f cycles  %7.0f ns  %6.1f bytes/ns  (%.2f GHz)  "
+    printf("%-13s %s warps %2d  items %d  rows %3llu  K %5d  ks %d  %8.0f cycles  %7.0f ns  %6.1f bytes/ns  (%.2f GHz)  "
            "globaltimer step %llu ns  %s\n",
-           name, NW, IW, r[2], K, ks, cyc, ns, (double)r[2] * K * 2 / ns, cyc / ns, r[3],
+           name, GV == 4 ? "x in registers" : "x in smem     ", NW, IW, r[2], K, ks, cyc, ns, (double)r[2] * K * 2 / ns, cyc / ns, r[3],
            diff ? "FAIL: outputs differ from warps 8 items 1" : "bits: those of warps 8 items 1");
     if (diff) printf("FAIL %s warps %d items %d: %d of %d outputs differ\n", name, NW, IW, diff, N), ++*bad;
     return 0;
@@ -154,6 +158,9 @@ int main() {
             run<8, 3>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
             run<16, 1>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
             run<16, 2>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<8, 1, 4>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<8, 2, 4>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
+            run<16, 1, 4>(x.name, x.N, x.K, out, d_res, sms, false, &bad) ||
             run_mma<8>(x.name, x.N, x.K, out, d_res, sms))
             return 1;
     return bad ? 1 : 0;

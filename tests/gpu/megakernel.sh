@@ -20,7 +20,10 @@
 #      docs/results/09-engine-sampler-v3.txt, runs 79-80); and memcheck, racecheck over 8 rows of
 #      the unfused graphs (MK_SANITIZE_B8=0 skips it)
 #   4. GEMV_PROBE=1 (after the check, before the timings): tests/gpu/gemv_probe.cu, the megakernel's
-#      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, their bits compared (gemv_probe.txt)
+#      GEMV alone at 8 and 16 warps and 1 to 3 items a warp, x from shared memory or in registers, their
+#      bits compared (gemv_probe.txt; with SKIP_BUILD=1 the probe is carried as build/gemv_probe);
+#      PROBE_NCU=1: Nsight Compute's warp states and stall sources over two of its launches
+#      (ncu.gemv_probe.K.txt)
 #   5. CH03=1 (after the timings): chapter 03 (the linear layers' versions, checked and timed:
 #      03-linear-tp.json), and with MK_SANITIZE=1 its checks of version 3 under memcheck and racecheck
 #   6. NCU=1: Nsight Compute's warp-state sampling (WarpStateStats, SchedulerStats) over one launch
@@ -37,7 +40,7 @@
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), TWO=1 (each round also two streams), VARIANTS
 # and PROFILES (below), LATENCY=0
 # (no latency mode), SKIP_CHECK=1,
-# SKIP_CH07=1, CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
+# SKIP_CH07=1, CH07_ARGS (say --checks-only), CHECK_S / CH07_S / SAN_S (their time limits; SAN_S each sanitizer tool), SWEEP (below).
 # Leaves under $OUT: engine_check.txt, 09-engine.<variant>.single.<round>.json,
 # megakernel.profile.<variant>.txt, sanitizer logs, run.log; TAR=1: all of them in results.tgz
 # (the device tool brings back 8 files at most), run.log beside it.
@@ -77,7 +80,9 @@ fi
 status=0
 # The probe compiles (CPU) while the check runs (GPU).
 probe_build=
-if [ "${GEMV_PROBE:-0}" = 1 ]; then
+if [ "${GEMV_PROBE:-0}" = 1 ] && [ "${SKIP_BUILD:-0}" = 1 ]; then
+  [ -x build/gemv_probe ] || { echo "SKIP_BUILD=1 and GEMV_PROBE=1 but no build/gemv_probe carried"; exit 1; }
+elif [ "${GEMV_PROBE:-0}" = 1 ]; then
   rm -f build/gemv_probe  # a failed compile must not leave an older probe to run
   nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -arch=sm_90 tests/gpu/gemv_probe.cu -Lbuild/lib -lmv_ch07 -lmv_ch03 \
     -lmv_core -lcublas -lnccl -o build/gemv_probe > "$OUT/gemv_probe.build.log" 2>&1 &
@@ -92,7 +97,7 @@ if [ "${SKIP_CHECK:-0}" != 1 ]; then
   grep -vE '^PASS' "$OUT/engine_check.txt" | tail -25
   if [ "${SKIP_CH07:-0}" != 1 ]; then
     echo "=================== chapter 07's check (decode attention: the megakernel's pieces and reduction)"
-    timeout "${CH07_S:-200}" ./build/07-attention --json "$OUT/07-attention.json" > "$OUT/07-attention.txt" 2>&1
+    timeout "${CH07_S:-200}" ./build/07-attention ${CH07_ARGS:-} --json "$OUT/07-attention.json" > "$OUT/07-attention.txt" 2>&1
     rc=$?; [ $rc -eq 0 ] || status=1
     echo "07-attention rc=$rc: $(grep -c 'PASS' "$OUT/07-attention.txt") PASS lines, $(grep -c 'FAIL' "$OUT/07-attention.txt") FAIL lines"
   fi
@@ -100,10 +105,24 @@ fi
 
 if [ "${GEMV_PROBE:-0}" = 1 ]; then
   echo "=================== tests/gpu/gemv_probe.cu (the megakernel's GEMV alone)"
-  wait "$probe_build"
+  [ -n "$probe_build" ] && wait "$probe_build"
   [ -x build/gemv_probe ] || { tail "$OUT/gemv_probe.build.log"; status=1; }
   [ -x build/gemv_probe ] && { timeout 120 ./build/gemv_probe > "$OUT/gemv_probe.txt" 2>&1; rc=$?; [ $rc -eq 0 ] || status=1
     sed -E 's/  globaltimer step [0-9]+ ns//; s/  \(1\.[0-9]+ GHz\)//' "$OUT/gemv_probe.txt"; echo "gemv_probe rc=$rc"; }
+  if [ "${PROBE_NCU:-0}" = 1 ] && [ -x build/gemv_probe ]; then
+    # qkv_proj's launches come first, in main()'s order: 0 x in shared memory (8 warps, 1 item), 5 x in
+    # registers (8 warps, 1 item); the probe runs 210 GEMVs a launch.
+    echo "=================== ncu: warp states and stall sources of the probe's qkv_proj GEMV (launches 0 and 5)"
+    NCU_BIN=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for k in 0 5; do
+      timeout 120 "$NCU_BIN" -k regex:gemv_alone --launch-skip $k --launch-count 1 --section WarpStateStats \
+        --section SchedulerStats --section SourceCounters --section InstructionStats \
+        --metrics smsp__inst_executed.sum,smsp__cycles_active.avg,sm__cycles_elapsed.avg \
+        ./build/gemv_probe > "$OUT/ncu.gemv_probe.$k.txt" 2>&1
+      echo "ncu launch $k rc=$?"
+      grep -vE "^==PROF==|^  *$|^qkv|^o_proj|^gate|^down" "$OUT/ncu.gemv_probe.$k.txt" | grep -A70 "gemv_alone" | head -75
+    done
+  fi
 fi
 
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
@@ -116,7 +135,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
-# (MV_MEGAKERNEL_EMBED), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
+# (MV_MEGAKERNEL_EMBED), xr0 / xr1 / xr2 the GEMV's x from shared memory / in registers / in registers
+# with two row pairs at once (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -137,6 +157,7 @@ variant_env() {
     red1|red2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red}" ;;
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
     emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
+    xr0|xr1|xr2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
