@@ -173,6 +173,9 @@ struct params {
     // 1 or 2: the GEMV with x in registers, that many items at once
     // (gemv_xr, MV_MEGAKERNEL_XREG); 0: mk::gemv.
     int xreg;
+    // 1: each team's first piece's first tile of keys and values asked of
+    // L2 after the qkv GEMV (kv_prefetch, MV_MEGAKERNEL_KVPF).
+    int kv_prefetch;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -992,6 +995,57 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
     }
 }
 
+// The KV prefetch (MV_MEGAKERNEL_KVPF=1, an experiment): the first tile of
+// keys and values of each team's first attention piece of layer l, asked of
+// L2 (prefetch.global.L2) after the qkv GEMV, so that the DRAM trip overlaps
+// the grid barrier and the queries' norm and rotation instead of following
+// them. The block table's entries are loaded before the GEMV (kv_rows_load)
+// and used after it (kv_prefetch): the load's trip to L2 overlaps the GEMV.
+// Keys past the context are left alone; the row's newest key is written
+// later in the layer (L2 stays coherent: a prefetch only warms it).
+struct kv_pf {
+    int row[2];      // the token rows of this thread's two keys, or -1
+    int line[2];     // which 128-byte line of the key's row (and of its value's)
+};
+
+template <int D, int G, int NW>
+__device__ __forceinline__ kv_pf kv_rows_load(const params &p, int M) {
+    constexpr int U = dec_unroll(G), TILE = dec_tile(D, U), LINES = D * 2 / 128 > 0 ? D * 2 / 128 : 1;
+    const megakernel_args_t &a = p.a;
+    const int team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
+    const int nbx = a.num_kv_heads * p.groups_per_kv, tasks = nbx * M * p.num_splits;
+    const int t = team * gridDim.x + blockIdx.x;
+    kv_pf f = {{-1, -1}, {0, 0}};
+    if (t >= tasks) return f;
+    const int s = (t / nbx) % M, split = t / (nbx * M);
+    const int ctx = a.context_lens[s], len = decode_piece_len(p.split_len, ctx, p.num_splits);
+    const int start = split * len, end = split == p.num_splits - 1 ? ctx : min(ctx, start + len);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int idx = tid + i * DEC_THREADS, j = start + idx / LINES;
+        if (idx < TILE * LINES && j < end) {
+            const int32_t block = __ldcg(a.block_tables + (long long)s * a.max_blocks + (j >> p.block_shift));
+            f.row[i] = (int)(((long long)block << p.block_shift) + (j & ((1 << p.block_shift) - 1)));
+            f.line[i] = idx % LINES;
+        }
+    }
+    return f;
+}
+
+template <int D, int G>
+__device__ __forceinline__ void kv_prefetch(const params &p, const megakernel_layer_t &ly, const kv_pf &f) {
+    const int nbx = p.a.num_kv_heads * p.groups_per_kv;
+    const int t = (int)(threadIdx.x / DEC_THREADS) * gridDim.x + blockIdx.x, kvh = (t % nbx) / p.groups_per_kv;
+    const long long rs = (long long)p.a.num_kv_heads * D;  // elements a token row
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (f.row[i] < 0) continue;
+        const long long off = (long long)f.row[i] * rs + (long long)kvh * D + f.line[i] * 64;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const bf16 *>(ly.k_cache) + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const bf16 *>(ly.v_cache) + off));
+    }
+}
+
 template <int D, int NW>
 __device__ __forceinline__ void attention_reduce(const params &p, int M, unsigned long long *tl, int l) {
     const megakernel_args_t &a = p.a;
@@ -1140,10 +1194,13 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         }
         sync_c::sync();
         mark(tl, L, l, 0, 0);
+        kv_pf pf = {{-1, -1}, {0, 0}};
+        if (p.kv_prefetch) pf = kv_rows_load<D, G, NW>(p, MT);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
         gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
+        if (p.kv_prefetch) kv_prefetch<D, G>(p, ly, pf);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 0);
@@ -1378,6 +1435,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *xr = getenv("MV_MEGAKERNEL_XREG");
     if (xr && strcmp(xr, "0") && strcmp(xr, "1") && strcmp(xr, "2")) NOPE("MV_MEGAKERNEL_XREG=%s (0, 1 or 2)", xr);
     p.xreg = xr ? atoi(xr) : 1;
+    // The KV prefetch after the qkv GEMV (MV_MEGAKERNEL_KVPF=1; an experiment, off by default).
+    const char *kvpf = getenv("MV_MEGAKERNEL_KVPF");
+    if (kvpf && strcmp(kvpf, "0") && strcmp(kvpf, "1")) NOPE("MV_MEGAKERNEL_KVPF=%s (0 or 1)", kvpf);
+    p.kv_prefetch = kvpf && !strcmp(kvpf, "1");
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

@@ -136,7 +136,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
 # (MV_MEGAKERNEL_EMBED), xr0 / xr1 / xr2 the GEMV's x from shared memory / in registers / in registers
-# with two row pairs at once (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
+# with two row pairs at once (MV_MEGAKERNEL_XREG), pf0 / pf1 each attention piece's first tile of keys
+# and values asked of L2 after the qkv GEMV, off / on (MV_MEGAKERNEL_KVPF), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -158,6 +159,7 @@ variant_env() {
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
     emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
     xr0|xr1|xr2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
+    pf0|pf1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_KVPF="${1#pf}" ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
