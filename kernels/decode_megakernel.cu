@@ -170,12 +170,8 @@ struct params {
     // 2: the split attention's reduction with all its loads first
     // (decode_reduce_one_v2); 1: decode_reduce_one (MV_MEGAKERNEL_REDUCE).
     int reduce_v;
-    // 1 or 2: the GEMV with x in registers, that many items at once
-    // (gemv_xr, MV_MEGAKERNEL_XREG); 0: mk::gemv.
+    // 1: the GEMV with x in registers (gemv_xr, MV_MEGAKERNEL_XREG); 0: mk::gemv.
     int xreg;
-    // 1: each team's first piece's first tile of keys and values asked of
-    // L2 after the qkv GEMV (kv_prefetch, MV_MEGAKERNEL_KVPF).
-    int kv_prefetch;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -498,8 +494,15 @@ __device__ __forceinline__ bool xreg_applies(int K, int ks, int NW, int MT) {
     return MT <= 2 && NW % ks == 0 && (K / 8 + 31) / 32 <= 4 * ks;
 }
 
+//
+// Not inlined (as gemv_mma): inlined at the kernel's four call sites it
+// made the whole kernel slower although it is faster alone (chapter 09,
+// exercise 14). The asserts keep its shared-memory accesses LDS.
 template <int MT, int NW, int IW = 1, bool SILU = false>
-__device__ __forceinline__ void gemv_xr(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+__device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
+    __builtin_assume(__isShared(b.mem));
+    __builtin_assume(__isShared(xs));
+    __builtin_assume(__isShared(part));
     constexpr int U = 4, RM = 2 * MT;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = warp % ks;
     const int pairs = b.rows / 2, items = pairs * ks;
@@ -663,8 +666,8 @@ __device__ __noinline__ void gemv_mma(const wbuf b, int K, int pitch, const uint
 }
 
 // The kernel's GEMV: version GV (2 or 3) of the block's rows in b; version
-// 2 with x in registers (gemv_xr, IW = xreg items at once) where xreg > 0
-// and it applies.
+// 2 with x in registers (gemv_xr, one item at a time) where xreg is set and
+// it applies.
 template <int GV, int MT, int NW, bool SILU = false>
 __device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned pad, int xreg, const uint4 *xs,
                                          bf16 *out, int N, float *part) {
@@ -673,9 +676,8 @@ __device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned 
         gemv_mma<MT, NW>(b, K, (int)((2u * (unsigned)K + pad) / 16u), xs, out, N, part);
     } else {
         if constexpr (MT <= 2) {
-            if (xreg > 0 && xreg_applies(K, ks, NW, MT)) {
-                if (xreg == 2) gemv_xr<MT, NW, 2, SILU>(b, K, ks, xs, out, N, part);
-                else gemv_xr<MT, NW, 1, SILU>(b, K, ks, xs, out, N, part);
+            if (xreg && xreg_applies(K, ks, NW, MT)) {
+                gemv_xr<MT, NW, 1, SILU>(b, K, ks, xs, out, N, part);
                 return;
             }
         }
@@ -995,57 +997,6 @@ __device__ __forceinline__ void attention(const params &p, const megakernel_laye
     }
 }
 
-// The KV prefetch (MV_MEGAKERNEL_KVPF=1, an experiment): the first tile of
-// keys and values of each team's first attention piece of layer l, asked of
-// L2 (prefetch.global.L2) after the qkv GEMV, so that the DRAM trip overlaps
-// the grid barrier and the queries' norm and rotation instead of following
-// them. The block table's entries are loaded before the GEMV (kv_rows_load)
-// and used after it (kv_prefetch): the load's trip to L2 overlaps the GEMV.
-// Keys past the context are left alone; the row's newest key is written
-// later in the layer (L2 stays coherent: a prefetch only warms it).
-struct kv_pf {
-    int row[2];      // the token rows of this thread's two keys, or -1
-    int line[2];     // which 128-byte line of the key's row (and of its value's)
-};
-
-template <int D, int G, int NW>
-__device__ __forceinline__ kv_pf kv_rows_load(const params &p, int M) {
-    constexpr int U = dec_unroll(G), TILE = dec_tile(D, U), LINES = D * 2 / 128 > 0 ? D * 2 / 128 : 1;
-    const megakernel_args_t &a = p.a;
-    const int team = threadIdx.x / DEC_THREADS, tid = threadIdx.x % DEC_THREADS;
-    const int nbx = a.num_kv_heads * p.groups_per_kv, tasks = nbx * M * p.num_splits;
-    const int t = team * gridDim.x + blockIdx.x;
-    kv_pf f = {{-1, -1}, {0, 0}};
-    if (t >= tasks) return f;
-    const int s = (t / nbx) % M, split = t / (nbx * M);
-    const int ctx = a.context_lens[s], len = decode_piece_len(p.split_len, ctx, p.num_splits);
-    const int start = split * len, end = split == p.num_splits - 1 ? ctx : min(ctx, start + len);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int idx = tid + i * DEC_THREADS, j = start + idx / LINES;
-        if (idx < TILE * LINES && j < end) {
-            const int32_t block = __ldcg(a.block_tables + (long long)s * a.max_blocks + (j >> p.block_shift));
-            f.row[i] = (int)(((long long)block << p.block_shift) + (j & ((1 << p.block_shift) - 1)));
-            f.line[i] = idx % LINES;
-        }
-    }
-    return f;
-}
-
-template <int D, int G>
-__device__ __forceinline__ void kv_prefetch(const params &p, const megakernel_layer_t &ly, const kv_pf &f) {
-    const int nbx = p.a.num_kv_heads * p.groups_per_kv;
-    const int t = (int)(threadIdx.x / DEC_THREADS) * gridDim.x + blockIdx.x, kvh = (t % nbx) / p.groups_per_kv;
-    const long long rs = (long long)p.a.num_kv_heads * D;  // elements a token row
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        if (f.row[i] < 0) continue;
-        const long long off = (long long)f.row[i] * rs + (long long)kvh * D + f.line[i] * 64;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const bf16 *>(ly.k_cache) + off));
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const bf16 *>(ly.v_cache) + off));
-    }
-}
-
 template <int D, int NW>
 __device__ __forceinline__ void attention_reduce(const params &p, int M, unsigned long long *tl, int l) {
     const megakernel_args_t &a = p.a;
@@ -1194,13 +1145,10 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         }
         sync_c::sync();
         mark(tl, L, l, 0, 0);
-        kv_pf pf = {{-1, -1}, {0, 0}};
-        if (p.kv_prefetch) pf = kv_rows_load<D, G, NW>(p, MT);
         wait(A, p.qkv_n);
         mark(tl, L, l, 0, 1);
         gemv_any<GV, MT, NW>(A, H, p.ks_h, p.pad, p.xreg, xs, reinterpret_cast<bf16 *>(a.qkv), p.qkv_n, part);
         release(A);
-        if (p.kv_prefetch) kv_prefetch<D, G>(p, ly, pf);
         if (tl) sync_c::sync();  // the profile's GEMV done: all of block 0's warps
         mark(tl, L, l, 0, 2);
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 0);
@@ -1431,14 +1379,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (red && strcmp(red, "1") && strcmp(red, "2")) NOPE("MV_MEGAKERNEL_REDUCE=%s (1 or 2)", red);
     p.silu_epi = !(silu && !strcmp(silu, "0")) && gv != LINEAR_GEMV_MMA;
     p.reduce_v = red && !strcmp(red, "1") ? 1 : 2;
-    // The GEMV with x in registers (MV_MEGAKERNEL_XREG=1 or 2 items at once; 0 mk::gemv's loads from shared memory).
+    // The GEMV with x in registers (MV_MEGAKERNEL_XREG=1; 0, the default, mk::gemv's loads from shared memory).
     const char *xr = getenv("MV_MEGAKERNEL_XREG");
-    if (xr && strcmp(xr, "0") && strcmp(xr, "1") && strcmp(xr, "2")) NOPE("MV_MEGAKERNEL_XREG=%s (0, 1 or 2)", xr);
-    p.xreg = xr ? atoi(xr) : 1;
-    // The KV prefetch after the qkv GEMV (MV_MEGAKERNEL_KVPF=1; an experiment, off by default).
-    const char *kvpf = getenv("MV_MEGAKERNEL_KVPF");
-    if (kvpf && strcmp(kvpf, "0") && strcmp(kvpf, "1")) NOPE("MV_MEGAKERNEL_KVPF=%s (0 or 1)", kvpf);
-    p.kv_prefetch = kvpf && !strcmp(kvpf, "1");
+    if (xr && strcmp(xr, "0") && strcmp(xr, "1")) NOPE("MV_MEGAKERNEL_XREG=%s (0 or 1)", xr);
+    p.xreg = xr && !strcmp(xr, "1");
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

@@ -35,7 +35,8 @@
 #   7. BATCH_AB="4 8": one bench of B rows each (512 + 256) with linear_cuda's own GEMV choice and
 #      with MV_LINEAR_GEMV=2 (version 2 everywhere), alternated, two rounds
 # BASE=DIR: a second tree (say `git archive <commit> | tar -x -C .base`, carried) built beside this one;
-# variant "base" runs its minivllm, for a before/after in one call.
+# variant "base" runs its minivllm, for a before/after in one call. BASE_BIN=PATH: variant "base" runs that
+# binary instead (built elsewhere and carried; nothing is built).
 # SKIP_BUILD=1: use build/minivllm and build/engine_check as carried (built elsewhere from the same tree).
 # Knobs: ROUNDS (the alternated one-stream rounds, 2), TWO=1 (each round also two streams), VARIANTS
 # and PROFILES (below), LATENCY=0
@@ -135,9 +136,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
-# (MV_MEGAKERNEL_EMBED), xr0 / xr1 / xr2 the GEMV's x from shared memory / in registers / in registers
-# with two row pairs at once (MV_MEGAKERNEL_XREG), pf0 / pf1 each attention piece's first tile of keys
-# and values asked of L2 after the qkv GEMV, off / on (MV_MEGAKERNEL_KVPF), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
+# (MV_MEGAKERNEL_EMBED), xr0 / xr1 the GEMV's x from shared memory / in registers (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -158,8 +157,7 @@ variant_env() {
     red1|red2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red}" ;;
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
     emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
-    xr0|xr1|xr2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
-    pf0|pf1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_KVPF="${1#pf}" ;;
+    xr0|xr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
@@ -170,7 +168,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     [ "$v" = none ] && continue
     e=$(variant_env "$v") || exit 2
-    bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
+    bin=./build/minivllm; [ "$v" = base ] && bin=${BASE_BIN:-$BASE/build/minivllm}
     echo "=================== one stream, $v: $e (round $round)"
     env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
       --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror|MV_STEP_TIMES" | head -7
@@ -184,7 +182,7 @@ done
 for v in ${PROFILES:-mk1}; do
   [ "$v" = none ] && continue
   e=$(variant_env "$v") || exit 2
-  bin=./build/minivllm; [ "$v" = base ] && bin=$BASE/build/minivllm
+  bin=./build/minivllm; [ "$v" = base ] && bin=${BASE_BIN:-$BASE/build/minivllm}
   echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
   env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
     --output-len 256 --repeat 1 2>&1 | grep -A16 "megakernel profile" | tee "$OUT/megakernel.profile.$(vname "$v").txt"

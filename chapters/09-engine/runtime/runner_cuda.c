@@ -614,7 +614,7 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
 // 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
 // version), MV_STEP_TIMES, MV_PACKED_UPLOAD, MV_MEGAKERNEL_SILU and MV_MEGAKERNEL_EMBED (0 or 1),
-// MV_MEGAKERNEL_REDUCE (1 or 2), MV_MEGAKERNEL_XREG (0, 1 or 2), MV_MEGAKERNEL_KVPF (0 or 1), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
+// MV_MEGAKERNEL_REDUCE (1 or 2), MV_MEGAKERNEL_XREG (0 or 1), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
 // any other value is refused at
 // creation, naming it, rather than read as
 // the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
@@ -656,14 +656,9 @@ static int check_switches(void) {
         return mv_error("MV_MEGAKERNEL_REDUCE=%s: it takes 1 or 2 (the version of the megakernel's split-attention "
                         "reduction; default 2)", mred);
     const char *mxr = getenv("MV_MEGAKERNEL_XREG");
-    if (mxr && strcmp(mxr, "0") && strcmp(mxr, "1") && strcmp(mxr, "2"))
+    if (mxr && strcmp(mxr, "0") && strcmp(mxr, "1"))
         return mv_error("MV_MEGAKERNEL_XREG=%s: it takes 0 (the megakernel's GEMV reads x from shared memory for "
-                        "every row pair), 1 (x in registers, the default) or 2 (x in registers, two row pairs at "
-                        "once)", mxr);
-    const char *mpf = getenv("MV_MEGAKERNEL_KVPF");
-    if (mpf && strcmp(mpf, "0") && strcmp(mpf, "1"))
-        return mv_error("MV_MEGAKERNEL_KVPF=%s: it takes 0 (off, the default) or 1 (each attention piece's first "
-                        "tile of keys and values asked of L2 after the qkv GEMV)", mpf);
+                        "every row pair, the default) or 1 (x in registers)", mxr);
     const char *memb = getenv("MV_MEGAKERNEL_EMBED");
     if (memb && strcmp(memb, "0") && strcmp(memb, "1"))
         return mv_error("MV_MEGAKERNEL_EMBED=%s: it takes 0 (the embedding as a kernel of its own before the "
