@@ -170,7 +170,7 @@ struct params {
     // 2: the split attention's reduction with all its loads first
     // (decode_reduce_one_v2); 1: decode_reduce_one (MV_MEGAKERNEL_REDUCE).
     int reduce_v;
-    // 1: the GEMV with x in registers (gemv_xr, MV_MEGAKERNEL_XREG); 0: mk::gemv.
+    // 1: the GEMV with x in registers (gemv_xr, MV_MEGAKERNEL_XREG, the default); 0: mk::gemv.
     int xreg;
 };
 
@@ -496,8 +496,8 @@ __device__ __forceinline__ bool xreg_applies(int K, int ks, int NW, int MT) {
 
 //
 // Not inlined (as gemv_mma): inlined at the kernel's four call sites it
-// made the whole kernel slower although it is faster alone (chapter 09,
-// exercise 14). The asserts keep its shared-memory accesses LDS.
+// made the whole kernel slower although it is faster alone (docs/09-engine.md,
+// runs 85 and 86). The asserts keep its shared-memory accesses LDS.
 template <int MT, int NW, int IW = 1, bool SILU = false>
 __device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
     __builtin_assume(__isShared(b.mem));
@@ -1379,10 +1379,10 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     if (red && strcmp(red, "1") && strcmp(red, "2")) NOPE("MV_MEGAKERNEL_REDUCE=%s (1 or 2)", red);
     p.silu_epi = !(silu && !strcmp(silu, "0")) && gv != LINEAR_GEMV_MMA;
     p.reduce_v = red && !strcmp(red, "1") ? 1 : 2;
-    // The GEMV with x in registers (MV_MEGAKERNEL_XREG=1; 0, the default, mk::gemv's loads from shared memory).
+    // The GEMV with x in registers (MV_MEGAKERNEL_XREG=1, the default; 0: mk::gemv's loads from shared memory).
     const char *xr = getenv("MV_MEGAKERNEL_XREG");
     if (xr && strcmp(xr, "0") && strcmp(xr, "1")) NOPE("MV_MEGAKERNEL_XREG=%s (0 or 1)", xr);
-    p.xreg = xr && !strcmp(xr, "1");
+    p.xreg = !(xr && !strcmp(xr, "0"));
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

@@ -1087,6 +1087,80 @@ def step_tail_sections(lines):
     return out
 
 
+GEMV_XREG_TXT = os.path.join(HERE, "09-engine-gemv-xreg.txt")
+GEMV_XREG_R85 = [("xr0", "x from shared memory for every row pair (`mk::gemv`, every earlier run's)"),
+                 ("mk1", "x in registers (`mk::gemv_xr`, inlined: 3d63386's default)"),
+                 ("xr2", "x in registers, two row pairs at once, inlined"),
+                 ("pf1", "x in registers, and the KV prefetch after the qkv GEMV")]
+GEMV_XREG_R86 = [("base", "commit 4420974 (the session before)"),
+                 ("mk1", "x from shared memory (`MV_MEGAKERNEL_XREG=0`)"),
+                 ("xr1", "x in registers, not inlined (the default since this run)")]
+PROBE_LINE = re.compile(r"^(\w+)\s+x in (smem|registers)\s+warps\s+(\d+)\s+items (\d) .*?\s([\d]+) ns")
+
+
+def render_gemv_xreg():
+    """Run 85 (and run 86 where its JSON is there): the megakernel's GEMV with x in registers against x from shared
+    memory, in the kernel (one and two streams, alternated, two rounds: json/09-engine.r85-V.{single,two}.R.json) and
+    alone (tests/gpu/gemv_probe.cu's lines in docs/results/09-engine-gemv-xreg.txt)."""
+    runs = {}
+    for k, _ in GEMV_XREG_R85:
+        for kind in ("single", "two"):
+            for r in (1, 2):
+                runs[k, kind, r] = load(f"09-engine.r85-{k}.{kind}.{r}.json")
+    if not all(runs.values()) or not os.path.exists(GEMV_XREG_TXT):
+        return None
+    lines = run_block(open(GEMV_XREG_TXT).read().splitlines(), 85)
+    d = runs["xr0", "single", 1]
+    mean = lambda k, kind: sum(runs[k, kind, r]["output_tok_s"] for r in (1, 2)) / 2
+    two = lambda rr, k: " / ".join(f"{rr[k, 'two', r]['output_tok_s']:,.0f}" for r in (1, 2))
+    one = lambda rr, k: " / ".join(f"{rr[k, 'single', r]['output_tok_s']:,.0f}" for r in (1, 2))
+    out = [f"`minivllm bench` (Qwen3-0.6B's shapes, random weights, 512 + 256, `--repeat 3`) with one and with two "
+           f"streams on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']} (run 85, "
+           "docs/results/09-engine-gemv-xreg.txt), the variants alternated, two rounds. Output tok/s, round 1 / round 2:",
+           "", "| the megakernel's GEMV | one stream | two streams | one stream against x from shared memory |",
+           "| --- | ---: | ---: | ---: |"]
+    for k, name in GEMV_XREG_R85:
+        out.append(f"| {name} | {one(runs, k)} | {two(runs, k)} | {100 * mean(k, 'single') / mean('xr0', 'single'):.1f}% |")
+    probe = {}
+    for l in lines:
+        g = PROBE_LINE.match(l)
+        if g:
+            probe[g.group(1), g.group(2), int(g.group(3)), int(g.group(4))] = int(g.group(5))
+    names = [("qkv_proj", "qkv_proj (30 rows x 1,024)"), ("o_proj", "o_proj (6 rows x 2,048)"),
+             ("gate_up_proj", "gate_up_proj (46 rows x 1,024)"), ("down_proj", "down_proj (6 rows x 3,072)")]
+    if all((n, "smem", 8, 1) in probe and (n, "registers", 8, 1) in probe for n, _ in names):
+        out += ["", "The GEMV alone (`tests/gpu/gemv_probe.cu`, the same run: block 0's share in shared memory, one "
+                "block a SM, the mean of 200 GEMVs), ns, every variant bit for bit the first's:", "",
+                "| projection | x in shared memory, 8 warps | x in registers, 8 warps | x in registers, 16 warps |",
+                "| --- | ---: | ---: | ---: |"]
+        for n, name in names:
+            a, b, c = probe[n, "smem", 8, 1], probe[n, "registers", 8, 1], probe.get((n, "registers", 16, 1))
+            out.append(f"| {name} | {a:,} | {b:,} ({100 * b / a:.0f}%) | " + (f"{c:,}" if c else "") + " |")
+    r86 = {}
+    for k, _ in GEMV_XREG_R86:
+        for kind in ("single", "two"):
+            for r in (1, 2):
+                r86[k, kind, r] = load(f"09-engine.r86-{k}.{kind}.{r}.json")
+    if all(r86.values()):
+        e = r86["mk1", "single", 1]
+        m86 = lambda k: sum(r86[k, "single", r]["output_tok_s"] for r in (1, 2)) / 2
+        t86 = lambda k: sum(r86[k, "two", r]["output_tok_s"] for r in (1, 2)) / 2
+        out += ["", f"Run 86 (**{e['gpu']}**, {e['date'][:10]}, commit {e['commit']}, where the switch's default was "
+                "still 0; the binary of commit 4420974 carried beside it), the same benches, round 1 / round 2:", "",
+                "| the engine | one stream | two streams | against 4420974: one / two streams |",
+                "| --- | ---: | ---: | ---: |"]
+        for k, name in GEMV_XREG_R86:
+            out.append(f"| {name} | {one(r86, k)} | {two(r86, k)} | {100 * m86(k) / m86('base'):.1f}% / "
+                       f"{100 * t86(k) / t86('base'):.1f}% |")
+        cn, cm = load("09-engine.r86-csync-named.single.1.json"), load("09-engine.r86-csync-mbar.single.1.json")
+        if cn and cm:
+            out += ["", "The consumers' barrier as an mbarrier of 256 arrivals (`-DMV_MK_CSYNC_MBAR`, "
+                    "`tests/gpu/csync_mbar.sh`, the same run, one round): one stream "
+                    f"{cm['output_tok_s']:,.0f} tok/s against {cn['output_tok_s']:,.0f} with named barrier 1 "
+                    f"({100 * cm['output_tok_s'] / cn['output_tok_s']:.1f}%)."]
+    return "\n".join(out) + "\n"
+
+
 def render_step_tail():
     """Run 82: a decode step's inputs in one copy (MV_PACKED_UPLOAD), SiluAndMul as gate_up's epilogue in the
     megakernel (MV_MEGAKERNEL_SILU), the reduction's version 2 (MV_MEGAKERNEL_REDUCE), each switched off in turn, two
@@ -1547,6 +1621,9 @@ def blocks():
     tail = render_step_tail()
     if tail:
         out["09-engine:step-tail"] = ("09-engine.r82-mk1.single.1.json", tail)
+    xreg = render_gemv_xreg()
+    if xreg:
+        out["09-engine:gemv-xreg"] = ("09-engine.r85-xr0.single.1.json", xreg)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)

@@ -658,7 +658,7 @@ static int check_switches(void) {
     const char *mxr = getenv("MV_MEGAKERNEL_XREG");
     if (mxr && strcmp(mxr, "0") && strcmp(mxr, "1"))
         return mv_error("MV_MEGAKERNEL_XREG=%s: it takes 0 (the megakernel's GEMV reads x from shared memory for "
-                        "every row pair, the default) or 1 (x in registers)", mxr);
+                        "every row pair) or 1 (x in registers, the default)", mxr);
     const char *memb = getenv("MV_MEGAKERNEL_EMBED");
     if (memb && strcmp(memb, "0") && strcmp(memb, "1"))
         return mv_error("MV_MEGAKERNEL_EMBED=%s: it takes 0 (the embedding as a kernel of its own before the "
