@@ -507,6 +507,8 @@ __device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *x
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = warp % ks;
     const int pairs = b.rows / 2, items = pairs * ks;
     const long long pair_step = SILU ? kc : 2LL * kc, second = SILU ? (long long)pairs * kc : kc;
+    // A warp with no item of the block's share reads no x (as in mk::gemv).
+    const bool busy = warp < items;
     float xf[U][MT][8];
     bool okc[U];
 #pragma unroll
@@ -515,7 +517,7 @@ __device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *x
         okc[t] = c < kc;
 #pragma unroll
         for (int m = 0; m < MT; m++) {
-            const uint4 v = okc[t] ? xs[m * kc + c] : make_uint4(0, 0, 0, 0);
+            const uint4 v = busy && okc[t] ? xs[m * kc + c] : make_uint4(0, 0, 0, 0);
             unpack8(v, xf[t][m]);
         }
     }
