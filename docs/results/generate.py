@@ -1155,9 +1155,17 @@ def render_gemv_xreg():
         cn, cm = load("09-engine.r86-csync-named.single.1.json"), load("09-engine.r86-csync-mbar.single.1.json")
         if cn and cm:
             out += ["", "The consumers' barrier as an mbarrier of 256 arrivals (`-DMV_MK_CSYNC_MBAR`, "
-                    "`tests/gpu/csync_mbar.sh`, the same run, one round): one stream "
+                    "`tests/gpu/csync_mbar.sh`, run 86, one round): one stream "
                     f"{cm['output_tok_s']:,.0f} tok/s against {cn['output_tok_s']:,.0f} with named barrier 1 "
                     f"({100 * cm['output_tok_s'] / cn['output_tok_s']:.1f}%)."]
+        r87 = {(k, kind): load(f"09-engine.r87-{k}.{kind}.1.json") for k in ("mk1", "xr0") for kind in ("single", "two")}
+        if all(r87.values()):
+            f = r87["mk1", "single"]
+            out += ["", f"Run 87 (**{f['gpu']}**, {f['date'][:10]}, commit {f['commit']}: x in registers the default, "
+                    "and read only by warps with a row pair of the block's share), one round:", "",
+                    "| the megakernel's GEMV | one stream | two streams |", "| --- | ---: | ---: |"]
+            for k, name in (("mk1", "x in registers (the default)"), ("xr0", "x from shared memory (`MV_MEGAKERNEL_XREG=0`)")):
+                out.append(f"| {name} | {r87[k, 'single']['output_tok_s']:,.0f} | {r87[k, 'two']['output_tok_s']:,.0f} |")
     return "\n".join(out) + "\n"
 
 
