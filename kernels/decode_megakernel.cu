@@ -347,10 +347,69 @@ __device__ __forceinline__ bf16 silu_of_sums(float g, float u) {
     return __float2bfloat16(silu_mul_dev(__bfloat162float(__float2bfloat16(g)), __bfloat162float(__float2bfloat16(u))));
 }
 
+// A work item's end, shared by mk::gemv and mk::gemv_xr: item `it` (row
+// pair pr, its K slice) has its two rows' sums in acc; each is taken over
+// the warp (a butterfly: the same bits in every lane) and either written
+// (one slice: as the GEMV's output, or with SILU as SiluAndMul of the pair)
+// or left in part[] for gemv_slices.
+template <int MT, bool SILU>
+__device__ __forceinline__ void gemv_item_end(const float (&acc)[2][MT], int it, int pr, int ks, int row0, bf16 *out,
+                                              int N, float *part) {
+    constexpr int RM = 2 * MT;
+    const int lane = threadIdx.x % 32;
+    if constexpr (SILU) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const float g = warp_sum(acc[0][m]), u = warp_sum(acc[1][m]);
+            if (ks == 1) {
+                if (lane == m) out[(long long)m * N + row0 / 2 + pr] = silu_of_sums(0.0f + g, 0.0f + u);
+            } else if (lane == m) {
+                part[it * RM + m] = g;
+                part[it * RM + MT + m] = u;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const float v = warp_sum(acc[r][m]);
+                if (lane != r * MT + m) continue;
+                if (ks == 1) out[(long long)m * N + row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
+                else part[it * RM + r * MT + m] = v;
+            }
+    }
+}
+
+// With ks > 1 slices, after every item's end: each output adds its slices'
+// sums in slice order from 0, as linear_gemv_kernel's last step does.
+template <int MT, int NW, bool SILU>
+__device__ __forceinline__ void gemv_slices(int pairs, int ks, int row0, bf16 *out, int N, const float *part) {
+    constexpr int RM = 2 * MT;
+    if (ks == 1) return;
+    csync<NW>::sync();
+    if constexpr (SILU) {
+        for (int o = threadIdx.x; o < pairs * MT; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / MT, m = o % MT;
+            float g = 0.0f, u = 0.0f;
+            for (int q = 0; q < ks; q++) g += part[(pr * ks + q) * RM + m];
+            for (int q = 0; q < ks; q++) u += part[(pr * ks + q) * RM + MT + m];
+            out[(long long)m * N + row0 / 2 + pr] = silu_of_sums(g, u);
+        }
+    } else {
+        for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
+            const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
+            float v = 0.0f;
+            for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
+            out[(long long)m * N + row0 + 2 * pr + r] = __float2bfloat16(v);
+        }
+    }
+}
+
 template <int MT, int NW, int IW = 1, bool SILU = false>
 __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *xs, bf16 *out, int N, float *part) {
     static_assert(!SILU || IW == 1, "SiluAndMul's epilogue on the one-item path");
-    constexpr int U = 4, RM = 2 * MT;
+    constexpr int U = 4;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int pairs = b.rows / 2, items = pairs * ks;
     // Where row pair pr's two rows sit: adjacent, or (SILU) gate row pr and up row pr, pairs rows on.
@@ -395,18 +454,9 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
                     }
             }
 #pragma unroll
-            for (int i = 0; i < IW; i++) {
-                const int it = it0 + i * NW, pr = it / ks;
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        const float v = warp_sum(acc[i][r][m]);
-                        if (!live[i] || lane != r * MT + m) continue;
-                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
-                        else part[it * RM + r * MT + m] = v;
-                    }
-            }
+            for (int i = 0; i < IW; i++)
+                if (live[i])  // the same for every lane of the warp
+                    gemv_item_end<MT, false>(acc[i], it0 + i * NW, (it0 + i * NW) / ks, ks, b.row0, out, N, part);
         }
     } else
     for (int it = warp; it < items; it += NW) {
@@ -431,48 +481,9 @@ __device__ __forceinline__ void gemv(const wbuf &b, int K, int ks, const uint4 *
                 if (c < kc) chunk_fma<MT>(wv[u][0], wv[u][1], xs, kc, c, acc);
             }
         }
-        if constexpr (SILU) {
-            // Every lane holds each warp sum (a butterfly: the same bits in every lane).
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const float g = warp_sum(acc[0][m]), u = warp_sum(acc[1][m]);
-                if (ks == 1) {
-                    if (lane == m) out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(0.0f + g, 0.0f + u);
-                } else if (lane == m) {
-                    part[it * RM + m] = g;
-                    part[it * RM + MT + m] = u;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < 2; r++)
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    const float v = warp_sum(acc[r][m]);
-                    if (lane != r * MT + m) continue;
-                    if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
-                    else part[it * RM + r * MT + m] = v;
-                }
-        }
+        gemv_item_end<MT, SILU>(acc, it, pr, ks, b.row0, out, N, part);
     }
-    if (ks == 1) return;
-    csync<NW>::sync();
-    if constexpr (SILU) {
-        for (int o = threadIdx.x; o < pairs * MT; o += cfg<NW>::CONSUMERS) {
-            const int pr = o / MT, m = o % MT;
-            float g = 0.0f, u = 0.0f;
-            for (int q = 0; q < ks; q++) g += part[(pr * ks + q) * RM + m];
-            for (int q = 0; q < ks; q++) u += part[(pr * ks + q) * RM + MT + m];
-            out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(g, u);
-        }
-    } else {
-        for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
-            const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
-            float v = 0.0f;
-            for (int q = 0; q < ks; q++) v += part[(pr * ks + q) * RM + rm];
-            out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
-        }
-    }
+    gemv_slices<MT, NW, SILU>(pairs, ks, b.row0, out, N, part);
 }
 
 // ---- the same GEMV with the input in registers (MV_MEGAKERNEL_XREG) ---------------------
@@ -503,7 +514,7 @@ __device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *x
     __builtin_assume(__isShared(b.mem));
     __builtin_assume(__isShared(xs));
     __builtin_assume(__isShared(part));
-    constexpr int U = 4, RM = 2 * MT;
+    constexpr int U = 4;
     const int kc = K / 8, lane = threadIdx.x % 32, warp = threadIdx.x / 32, q = warp % ks;
     const int pairs = b.rows / 2, items = pairs * ks;
     const long long pair_step = SILU ? kc : 2LL * kc, second = SILU ? (long long)pairs * kc : kc;
@@ -559,51 +570,11 @@ __device__ __noinline__ void gemv_xr(const wbuf b, int K, int ks, const uint4 *x
             }
         }
 #pragma unroll
-        for (int i = 0; i < IW; i++) {
-            if (!live[i]) continue;  // the same for every lane of the warp
-            const int it = it0 + i * NW, pr = it / ks;
-            if constexpr (SILU) {
-#pragma unroll
-                for (int m = 0; m < MT; m++) {
-                    const float g = warp_sum(acc[i][0][m]), u = warp_sum(acc[i][1][m]);
-                    if (ks == 1) {
-                        if (lane == m) out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(0.0f + g, 0.0f + u);
-                    } else if (lane == m) {
-                        part[it * RM + m] = g;
-                        part[it * RM + MT + m] = u;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int m = 0; m < MT; m++) {
-                        const float v = warp_sum(acc[i][r][m]);
-                        if (lane != r * MT + m) continue;
-                        if (ks == 1) out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(0.0f + v);
-                        else part[it * RM + r * MT + m] = v;
-                    }
-            }
-        }
+        for (int i = 0; i < IW; i++)
+            if (live[i])  // the same for every lane of the warp
+                gemv_item_end<MT, SILU>(acc[i], it0 + i * NW, (it0 + i * NW) / ks, ks, b.row0, out, N, part);
     }
-    if (ks == 1) return;
-    csync<NW>::sync();
-    if constexpr (SILU) {
-        for (int o = threadIdx.x; o < pairs * MT; o += cfg<NW>::CONSUMERS) {
-            const int pr = o / MT, m = o % MT;
-            float g = 0.0f, u = 0.0f;
-            for (int k = 0; k < ks; k++) g += part[(pr * ks + k) * RM + m];
-            for (int k = 0; k < ks; k++) u += part[(pr * ks + k) * RM + MT + m];
-            out[(long long)m * N + b.row0 / 2 + pr] = silu_of_sums(g, u);
-        }
-    } else {
-        for (int o = threadIdx.x; o < pairs * RM; o += cfg<NW>::CONSUMERS) {
-            const int pr = o / RM, rm = o % RM, r = rm / MT, m = rm % MT;
-            float v = 0.0f;
-            for (int k = 0; k < ks; k++) v += part[(pr * ks + k) * RM + rm];
-            out[(long long)m * N + b.row0 + 2 * pr + r] = __float2bfloat16(v);
-        }
-    }
+    gemv_slices<MT, NW, SILU>(pairs, ks, b.row0, out, N, part);
 }
 
 // ---- the GEMV from shared memory, version 3 (linear_gemv_mma_kernel's sums) -------------
