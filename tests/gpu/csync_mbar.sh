@@ -12,13 +12,7 @@
 # CHECK_S / SAN_S (time limits). Leaves its output under $OUT (run.log, engine_check.mbar.txt, the JSON,
 # the sanitizer logs).
 set -uo pipefail
-OUT=${OUT:-/tmp/mv-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/run.log") 2>&1
-mkdir -p /opt/deps
-for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export MV_COMMIT=${MV_COMMIT:-}
+. tests/gpu/gpu_env.sh  # $OUT, run.log, .deps, LD_LIBRARY_PATH, MV_COMMIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)

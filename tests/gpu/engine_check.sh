@@ -34,12 +34,8 @@
 # racecheck.log, tiny_check.txt, engine_check.comm1.log, options.{cuda,cpu}.jsonl, env.txt,
 # run.log. Exit 1 if any part failed.
 set -uo pipefail
-OUT=${OUT:-/tmp/mv-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/run.log") 2>&1
+. tests/gpu/gpu_env.sh  # $OUT, run.log, .deps, LD_LIBRARY_PATH, MV_COMMIT
 
-mkdir -p /opt/deps
-for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   nvcc --version | tail -2

@@ -46,13 +46,7 @@
 # megakernel.profile.<variant>.txt, sanitizer logs, run.log; TAR=1: all of them in results.tgz
 # (the device tool brings back 8 files at most), run.log beside it.
 set -uo pipefail
-OUT=${OUT:-/tmp/mv-out}
-mkdir -p "$OUT"
-exec > >(tee "$OUT/run.log") 2>&1
-mkdir -p /opt/deps
-for f in .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
-export LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export MV_COMMIT=${MV_COMMIT:-}
+. tests/gpu/gpu_env.sh  # $OUT, run.log, .deps, LD_LIBRARY_PATH, MV_COMMIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 pack() {
   [ "${TAR:-0}" = 1 ] || return 0

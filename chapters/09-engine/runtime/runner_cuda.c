@@ -608,72 +608,55 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
     return full / (size_t)r->cfg.num_key_value_heads * (size_t)lo->qkv.tp.kv_heads_local;
 }
 
-// Weights, RoPE cache, scratch and step buffers: everything a runner holds
-// but its KV cache and its graphs (the part that needs no other rank).
-// The experiment switches MV_MEGAKERNEL (0 or 1), MV_DECODE_ATTENTION (3 or
-// 4), MV_FUSED_ROPE_STORE, MV_SPLIT_MIXED and MV_MEGAKERNEL_FUSED_ROPE (0 or
-// 1), MV_LINEAR_GEMV (2 or 3), MV_SAMPLER (1, 2 or 3: the sampler's
-// version), MV_STEP_TIMES, MV_PACKED_UPLOAD, MV_MEGAKERNEL_SILU and MV_MEGAKERNEL_EMBED (0 or 1),
-// MV_MEGAKERNEL_REDUCE (1 or 2), MV_MEGAKERNEL_XREG (0 or 1), MV_MEGAKERNEL_GATES (decode_megakernel_gates):
-// any other value is refused at
-// creation, naming it, rather than read as
-// the default (MV_MEGAKERNEL=off would otherwise leave the megakernel on).
+#define RUNNER_STR_(x) #x
+#define RUNNER_STR(x) RUNNER_STR_(x)
+// Each switch, the values it takes (one character each) and what they mean.
+static const struct {
+    const char *name, *values, *takes;
+} SWITCHES[] = {
+    {"MV_MEGAKERNEL_FUSED_ROPE", "01",
+     "0 (the megakernel's q/k norm + RoPE + KV store as a phase of their own) or 1 (inside its attention pieces, the "
+     "default)"},
+    {"MV_FUSED_ROPE_STORE", "01", "0 (q/k norm + RoPE and the KV store as two kernels) or 1 (one kernel, the default)"},
+    {"MV_SPLIT_MIXED", "01",
+     "0 (a mixed step's rows all through prefill attention) or 1 (its one-token rows through decode attention, the "
+     "default)"},
+    {"MV_MEGAKERNEL", "01", "0 (the unfused decode graphs) or 1 (the megakernel, the default)"},
+    {"MV_DECODE_ATTENTION", "34", "3 or 4 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
+    {"MV_LINEAR_GEMV", "23", "2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the default)"},
+    {"MV_STEP_TIMES", "01",
+     "0 (off, the default) or 1 (each graphed decode step timed, the means printed at the end)"},
+    {"MV_MEGAKERNEL_SILU", "01",
+     "0 (the megakernel's SiluAndMul in down's staging) or 1 (in gate_up's GEMV, the default)"},
+    {"MV_MEGAKERNEL_REDUCE", "12", "1 or 2 (the version of the megakernel's split-attention reduction; default 2)"},
+    {"MV_MEGAKERNEL_XREG", "01",
+     "0 (the megakernel's GEMV reads x from shared memory for every row pair) or 1 (x in registers, the default)"},
+    {"MV_MEGAKERNEL_EMBED", "01",
+     "0 (the embedding as a kernel of its own before the megakernel) or 1 (the megakernel's first read, the "
+     "default)"},
+    {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
+    {"MV_SAMPLER", "123", "1, 2 or 3 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
+};
+
+// The experiment switches above and MV_MEGAKERNEL_GATES
+// (decode_megakernel_gates): any other value is refused at creation, naming
+// it, rather than read as the default (MV_MEGAKERNEL=off would otherwise
+// leave the megakernel on).
 static int check_switches(void) {
-    const char *mk = getenv("MV_MEGAKERNEL"), *att = getenv("MV_DECODE_ATTENTION"), *frs = getenv("MV_FUSED_ROPE_STORE");
-    const char *mixed = getenv("MV_SPLIT_MIXED"), *mkr = getenv("MV_MEGAKERNEL_FUSED_ROPE");
-    if (mkr && strcmp(mkr, "0") && strcmp(mkr, "1"))
-        return mv_error("MV_MEGAKERNEL_FUSED_ROPE=%s: it takes 0 (the megakernel's q/k norm + RoPE + KV store as a "
-                        "phase of their own) or 1 (inside its attention pieces, the default)", mkr);
-    if (frs && strcmp(frs, "0") && strcmp(frs, "1"))
-        return mv_error("MV_FUSED_ROPE_STORE=%s: it takes 0 (q/k norm + RoPE and the KV store as two kernels) or 1 "
-                        "(one kernel, the default)", frs);
-    if (mixed && strcmp(mixed, "0") && strcmp(mixed, "1"))
-        return mv_error("MV_SPLIT_MIXED=%s: it takes 0 (a mixed step's rows all through prefill attention) or 1 "
-                        "(its one-token rows through decode attention, the default)", mixed);
-    if (mk && strcmp(mk, "0") && strcmp(mk, "1"))
-        return mv_error("MV_MEGAKERNEL=%s: it takes 0 (the unfused decode graphs) or 1 (the megakernel, the default)",
-                        mk);
-    if (att && strcmp(att, "3") && strcmp(att, "4"))
-        return mv_error("MV_DECODE_ATTENTION=%s: it takes 3 or 4 (the decode attention version; default %d)", att,
-                        ATTN_DECODE_FAST);
+    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++) {
+        const char *v = getenv(SWITCHES[i].name);
+        if (v && (strlen(v) != 1 || !strchr(SWITCHES[i].values, v[0])))
+            return mv_error("%s=%s: it takes %s", SWITCHES[i].name, v, SWITCHES[i].takes);
+    }
     int gate[4], gated;
     char why[160];
     if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), gate, &gated, why, sizeof why))
         return mv_error("%s", why);
-    const char *gemv = getenv("MV_LINEAR_GEMV");
-    if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3"))
-        return mv_error("MV_LINEAR_GEMV=%s: it takes 2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the "
-                        "default)", gemv);
-    const char *st = getenv("MV_STEP_TIMES");
-    if (st && strcmp(st, "0") && strcmp(st, "1"))
-        return mv_error("MV_STEP_TIMES=%s: it takes 0 (off, the default) or 1 (each graphed decode step timed, the "
-                        "means printed at the end)", st);
-    const char *msilu = getenv("MV_MEGAKERNEL_SILU"), *mred = getenv("MV_MEGAKERNEL_REDUCE");
-    if (msilu && strcmp(msilu, "0") && strcmp(msilu, "1"))
-        return mv_error("MV_MEGAKERNEL_SILU=%s: it takes 0 (the megakernel's SiluAndMul in down's staging) or 1 (in "
-                        "gate_up's GEMV, the default)", msilu);
-    if (mred && strcmp(mred, "1") && strcmp(mred, "2"))
-        return mv_error("MV_MEGAKERNEL_REDUCE=%s: it takes 1 or 2 (the version of the megakernel's split-attention "
-                        "reduction; default 2)", mred);
-    const char *mxr = getenv("MV_MEGAKERNEL_XREG");
-    if (mxr && strcmp(mxr, "0") && strcmp(mxr, "1"))
-        return mv_error("MV_MEGAKERNEL_XREG=%s: it takes 0 (the megakernel's GEMV reads x from shared memory for "
-                        "every row pair) or 1 (x in registers, the default)", mxr);
-    const char *memb = getenv("MV_MEGAKERNEL_EMBED");
-    if (memb && strcmp(memb, "0") && strcmp(memb, "1"))
-        return mv_error("MV_MEGAKERNEL_EMBED=%s: it takes 0 (the embedding as a kernel of its own before the "
-                        "megakernel) or 1 (the megakernel's first read, the default)", memb);
-    const char *pu = getenv("MV_PACKED_UPLOAD");
-    if (pu && strcmp(pu, "0") && strcmp(pu, "1"))
-        return mv_error("MV_PACKED_UPLOAD=%s: it takes 0 (a decode step's inputs in a copy per array) or 1 (in one "
-                        "copy, the default)", pu);
-    const char *smp = getenv("MV_SAMPLER");
-    if (smp && strcmp(smp, "1") && strcmp(smp, "2") && strcmp(smp, "3"))
-        return mv_error("MV_SAMPLER=%s: it takes 1, 2 or 3 (kernels/sampling.h's versions; default %d)", smp,
-                        SAMPLING_FAST);
     return 0;
 }
 
+// Weights, RoPE cache, scratch and step buffers: everything a runner holds
+// but its KV cache and its graphs (the part that needs no other rank).
 static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
