@@ -66,6 +66,21 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #endif
 }
 
+// The same wait by mbarrier.test_wait, which only looks and never suspends
+// the thread: a spin on shared memory.
+__device__ __forceinline__ void mbar_wait_spin(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned done = 0;
+    while (!done)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(smem_u32(bar)), "r"(parity)
+            : "memory");
+#else
+    (void)bar, (void)parity;
+#endif
+}
 // Arrive, then wait for the phase of this arrival to complete: a barrier of
 // the `count` threads that each call it once a phase (the token that
 // mbarrier.arrive returns names the phase, so the caller keeps no count).
@@ -84,6 +99,21 @@ __device__ __forceinline__ void mbar_arrive_wait(uint64_t *bar) {
 #endif
 }
 
+// mbar_arrive_wait with mbarrier.test_wait (a spin, never suspended).
+__device__ __forceinline__ void mbar_arrive_wait_spin(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t state;
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar)), "l"(state)
+                     : "memory");
+#else
+    (void)bar;
+#endif
+}
 }  // namespace mv_mbar
 
 #endif

@@ -130,7 +130,10 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
-# (MV_MEGAKERNEL_EMBED), xr0 / xr1 the GEMV's x from shared memory / in registers (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1), A+B: both (gates=off+fr0).
+# (MV_MEGAKERNEL_EMBED), xr0 / xr1 the GEMV's x from shared memory / in registers (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1),
+# sp0 / sp1 / sp2 the mbarrier waits by try_wait / the consumers' by test_wait / the producer's too
+# (MV_MEGAKERNEL_SPIN), cs the build with the consumers' barrier as an mbarrier (MV_MK_CSYNC_MBAR,
+# carried as build/minivllm-mbar or CS_BIN), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -152,17 +155,27 @@ variant_env() {
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
     emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
     xr0|xr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
+    sp0|sp1|sp2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_SPIN="${1#sp}" ;;
+    cs) echo MV_MEGAKERNEL=1 ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;
   esac
 }
 # A variant's name in file names (gates=-2,-1,0,4 -> gates_-2_-1_0_4).
 vname() { echo "$1" | tr '=,:+' '____'; }
+# The binary a variant runs: BASE's for base, the MV_MK_CSYNC_MBAR build's for cs (alone or in A+B).
+variant_bin() {
+  case "+$1+" in
+    *+base+*) echo "${BASE_BIN:-$BASE/build/minivllm}" ;;
+    *+cs+*) echo "${CS_BIN:-./build/minivllm-mbar}" ;;
+    *) echo ./build/minivllm ;;
+  esac
+}
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for v in ${VARIANTS:-mk1 mk0}; do
     [ "$v" = none ] && continue
     e=$(variant_env "$v") || exit 2
-    bin=./build/minivllm; [ "$v" = base ] && bin=${BASE_BIN:-$BASE/build/minivllm}
+    bin=$(variant_bin "$v")
     echo "=================== one stream, $v: $e (round $round)"
     env $e timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 --output-len 256 \
       --repeat 3 --json "$OUT/09-engine.$(vname "$v").single.$round.json" 2>&1 | grep -E "megakernel|output tok/s|TPOT|rror|MV_STEP_TIMES" | head -7
@@ -176,7 +189,7 @@ done
 for v in ${PROFILES:-mk1}; do
   [ "$v" = none ] && continue
   e=$(variant_env "$v") || exit 2
-  bin=./build/minivllm; [ "$v" = base ] && bin=${BASE_BIN:-$BASE/build/minivllm}
+  bin=$(variant_bin "$v")
   echo "=================== one stream with MV_MEGAKERNEL_PROFILE=1, $v: $e (the last step's phases)"
   env $e MV_MEGAKERNEL_PROFILE=1 timeout 90 $bin bench "${model[@]}" --num-seqs 1 --prompt-len 512 \
     --output-len 256 --repeat 1 2>&1 | grep -A16 "megakernel profile" | tee "$OUT/megakernel.profile.$(vname "$v").txt"
