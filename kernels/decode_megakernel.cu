@@ -115,22 +115,6 @@ struct cfg {
     static_assert(NW % (DEC_THREADS / 32) == 0 && TEAMS + 2 <= 16, "whole teams, within the named barriers");
 };
 
-// How a thread waits on an mbarrier (MV_MEGAKERNEL_SPIN, an experiment):
-// by try_wait, which may suspend the thread until the phase completes or a
-// time limit passes, or by test_wait in a loop, which only looks. spin_c:
-// the consumers' waits (the weights landed, the norms' block sums, and
-// with MV_MK_CSYNC_MBAR their own barrier); spin_p: the producer's. Set
-// once by each thread from the launch's parameters.
-__shared__ int spin_c, spin_p;
-__device__ __forceinline__ void wait_c(uint64_t *bar, unsigned parity) {
-    if (spin_c) mv_mbar::mbar_wait_spin(bar, parity);
-    else mv_mbar::mbar_wait(bar, parity);
-}
-__device__ __forceinline__ void wait_p(uint64_t *bar, unsigned parity) {
-    if (spin_p) mv_mbar::mbar_wait_spin(bar, parity);
-    else mv_mbar::mbar_wait(bar, parity);
-}
-
 // The consumers' own barrier (named barrier 1): the producer never waits
 // for them there. Built with MV_MK_CSYNC_MBAR (an experiment: chapter 09,
 // exercise 12), an mbarrier of the consumers' arrivals in its place, which
@@ -139,10 +123,7 @@ __device__ __forceinline__ void wait_p(uint64_t *bar, unsigned parity) {
 __shared__ uint64_t csync_bar;
 template <int NW>
 struct csync {
-    static __device__ __forceinline__ void sync() {
-        if (spin_c) mv_mbar::mbar_arrive_wait_spin(&csync_bar);
-        else mv_mbar::mbar_arrive_wait(&csync_bar);
-    }
+    static __device__ __forceinline__ void sync() { mv_mbar::mbar_arrive_wait(&csync_bar); }
 };
 #else
 template <int NW>
@@ -191,9 +172,6 @@ struct params {
     int reduce_v;
     // 1: the GEMV with x in registers (gemv_xr, MV_MEGAKERNEL_XREG, the default); 0: mk::gemv.
     int xreg;
-    // MV_MEGAKERNEL_SPIN: 0 every mbarrier wait by try_wait; 1 the
-    // consumers' by test_wait; 2 the producer's too (spin_c, spin_p).
-    int spin;
 };
 
 // ---- the bulk copy engine and its barriers: kernels/mbarrier.cuh (mv_mbar::) -----------
@@ -255,7 +233,7 @@ struct wbuf {
 // Wait for the buffer's next projection (of N rows): every consumer thread.
 __device__ __forceinline__ void wait(wbuf &b, int N) {
     share(N, &b.row0, &b.rows);
-    wait_c(b.full, b.uses & 1u);
+    mbar_wait(b.full, b.uses & 1u);
 }
 
 // Done reading it (each thread for itself): the producer may refill it.
@@ -283,10 +261,10 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
             const bf16_t *w = j == 0 ? ly.qkv : j == 1 ? ly.o_proj : j == 2 ? ly.gate_up : ly.down;
             const int N = j == 0 ? p.qkv_n : j == 2 ? 2 * I : H, K = j == 1 ? p.qn : j == 3 ? I : H;
             if (fills[buf] > 0) {
-                wait_p(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
+                mbar_wait(bars + BAR_EMPTY + buf, (fills[buf] - 1) & 1u);
                 // The gate's fills so far: one a layer, from layer 0 for gate_up and
                 // down, from layer 1 for qkv and o_proj (their layer 0 fills are first).
-                if (p.gated) wait_p(bars + BAR_GATE + j, (unsigned)(j >= 2 ? l : l - 1) & 1u);
+                if (p.gated) mbar_wait(bars + BAR_GATE + j, (unsigned)(j >= 2 ? l : l - 1) & 1u);
             }
             int row0, rows;
             share(N, &row0, &rows);
@@ -308,13 +286,13 @@ __device__ void producer(const params &p, uint4 *const bufs[2], uint64_t *bars) 
                 for (unsigned c = 0; c < per_seg; c++, issued++) {
                     const unsigned off = c * p.chunk, len = bytes - off < p.chunk ? bytes - off : p.chunk;
                     const unsigned slot = issued % R;
-                    if (issued >= (unsigned)R) wait_p(ring + slot, (issued / R - 1) & 1u);
+                    if (issued >= (unsigned)R) mbar_wait(ring + slot, (issued / R - 1) & 1u);
                     mbar_expect(ring + slot, len);
                     bulk_copy(dst + r * dst_step + off, src + r * src_step + off, len, ring + slot);
                 }
             const unsigned n = issued - first;
             for (unsigned i = n > (unsigned)R ? issued - R : issued - n; i < issued; i++)
-                wait_p(ring + i % R, (i / R) & 1u);
+                mbar_wait(ring + i % R, (i / R) & 1u);
             mbar_arrive(bars + BAR_FULL + buf);
             fills[buf]++;
         }
@@ -707,7 +685,7 @@ __device__ __forceinline__ float consumers_inv_rms(float v, int n, float eps, no
     v = warp_sum(v);
     if (lane == 0) partial[b][warp] = v;
     mbar_arrive(ns.bars + b);
-    wait_c(ns.bars + b, (ns.calls >> 1) & 1u);
+    mbar_wait(ns.bars + b, (ns.calls >> 1) & 1u);
     v = lane < NW ? partial[b][lane] : 0.0f;
     v = warp_sum(v);
     ns.calls++;
@@ -1101,11 +1079,8 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
     uint4 *xs = reinterpret_cast<uint4 *>(mk_smem + p.off_x);
     float *att = reinterpret_cast<float *>(mk_smem + p.off_x);  // the same bytes, while attention runs
     float *part = reinterpret_cast<float *>(mk_smem + p.off_part);
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int i = 0; i < NUM_BARS; i++) mbar_init(&bars[i], i >= BAR_EMPTY && i < BAR_GATE ? CONSUMERS : 1);
-        spin_c = p.spin >= 1;
-        spin_p = p.spin >= 2;
-    }
 #ifdef MV_MK_CSYNC_MBAR
     if (threadIdx.x == 0) mbar_init(&csync_bar, CONSUMERS);
 #endif
@@ -1381,11 +1356,6 @@ static int plan(const megakernel_args_t *a, int M, plan_t *pl, char *why, size_t
     const char *xr = getenv("MV_MEGAKERNEL_XREG");
     if (xr && strcmp(xr, "0") && strcmp(xr, "1")) NOPE("MV_MEGAKERNEL_XREG=%s (0 or 1)", xr);
     p.xreg = !(xr && !strcmp(xr, "0"));
-    // How the threads wait on mbarriers (MV_MEGAKERNEL_SPIN: 0 try_wait, the default; 1 the consumers by
-    // test_wait; 2 the producer too).
-    const char *sp = getenv("MV_MEGAKERNEL_SPIN");
-    if (sp && strcmp(sp, "0") && strcmp(sp, "1") && strcmp(sp, "2")) NOPE("MV_MEGAKERNEL_SPIN=%s (0, 1 or 2)", sp);
-    p.spin = sp ? atoi(sp) : 0;
     const size_t bytes_a = share_bytes(p.qkv_n, H, blocks, p.pad) > share_bytes(2 * I, H, blocks, p.pad)
                                ? share_bytes(p.qkv_n, H, blocks, p.pad) : share_bytes(2 * I, H, blocks, p.pad);
     const size_t bytes_b = share_bytes(H, p.qn, blocks, p.pad) > share_bytes(H, I, blocks, p.pad)

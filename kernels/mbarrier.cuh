@@ -4,7 +4,9 @@
  * them: the copies' barriers take one arrival a phase and count the bytes;
  * the hand-over barriers take one arrival from each thread that signals.
  * Below sm_90 the functions compile to nothing (callers check the GPU).
- * Used by kernels/decode_megakernel.cu and tests/gpu/racecheck_probe.cu.
+ * Used by kernels/decode_megakernel.cu, tests/gpu/racecheck_probe.cu and
+ * tests/gpu/mbar_probe.cu (which times the try_wait waits against the
+ * test_wait spins below: chapter 09, exercise 12).
  */
 #ifndef MV_KERNELS_MBARRIER_CUH
 #define MV_KERNELS_MBARRIER_CUH

@@ -1169,6 +1169,71 @@ def render_gemv_xreg():
     return "\n".join(out) + "\n"
 
 
+MBAR_WAIT_TXT = os.path.join(HERE, "09-engine-mbar-wait.txt")
+MBAR_WAIT_R88 = [("sp0", "named barrier 1; the mbarrier waits by try_wait (the default)"),
+                 ("sp1", "named barrier 1; the consumers' mbarrier waits by test_wait"),
+                 ("sp2", "named barrier 1; the consumers' and the producer's by test_wait"),
+                 ("cs_sp1", "the consumers' barrier an mbarrier (`-DMV_MK_CSYNC_MBAR`), waited on by test_wait")]
+MBAR_PROBE_NAMES = {"named": "`bar.sync 1, 256` (named barrier 1)",
+                    "try-parity": "`mbarrier.arrive`, then `try_wait.parity` (the norms' block sums)",
+                    "try-state": "`mbarrier.arrive` returning its state, then `try_wait` (`-DMV_MK_CSYNC_MBAR`)",
+                    "test-parity": "`mbarrier.arrive`, then `test_wait.parity` in a loop",
+                    "test-state": "`mbarrier.arrive` returning its state, then `test_wait` in a loop",
+                    "hint-1000": "`try_wait.parity` with a suspend-time hint (0, 20, 100 or 1,000 ns: the same)"}
+MBAR_PROBE_LINE = re.compile(r"^([a-z0-9-]+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)$")
+MK_PROFILE_HEAD = re.compile(r"megakernel profile of the last step \((\d+) barriers, ([\d.]+) us to the last\)")
+
+
+def render_mbar_wait():
+    """Run 88: one meeting of the megakernel's 256 consumer threads by the kind of barrier (tests/gpu/mbar_probe.cu's
+    lines in docs/results/09-engine-mbar-wait.txt), and the megakernel with its mbarrier waits by test_wait instead of
+    try_wait (MV_MEGAKERNEL_SPIN, a switch of that run) and with its consumers' barrier an mbarrier, one and two
+    streams alternated, two rounds (json/09-engine.r88-V.{single,two}.R.json), with the profiles' time to the last
+    barrier."""
+    runs = {}
+    for k, _ in MBAR_WAIT_R88:
+        for kind in ("single", "two"):
+            for r in (1, 2):
+                runs[k, kind, r] = load(f"09-engine.r88-{k}.{kind}.{r}.json")
+    if not all(runs.values()) or not os.path.exists(MBAR_WAIT_TXT):
+        return None
+    lines = run_block(open(MBAR_WAIT_TXT).read().splitlines(), 88)
+    probe, head, prof, cur = {}, None, {}, None
+    for l in lines:
+        if l.startswith("mbar_probe: "):
+            head = l[len("mbar_probe: "):]
+        g = MBAR_PROBE_LINE.match(l.strip())
+        if g and head:
+            probe[g.group(1), int(g.group(2))] = float(g.group(4))
+        if "one stream with MV_MEGAKERNEL_PROFILE=1, " in l:
+            cur = l.split("MV_MEGAKERNEL_PROFILE=1, ")[1].split(":")[0].replace("+", "_")
+        g = MK_PROFILE_HEAD.search(l)
+        if g and cur and cur not in prof:
+            prof[cur] = float(g.group(2))
+    if not head or not all((n, s) in probe for n in MBAR_PROBE_NAMES for s in (0, 2000)):
+        return None
+    d = runs["sp0", "single", 1]
+    out = [f"`tests/gpu/mbar_probe.cu` on {head} (run 88, docs/results/09-engine-mbar-wait.txt): cycles from one "
+           "meeting of the 256 consumer threads to the next, the median of 5 launches, block 0's clock; with one warp in "
+           "turn 2,000 cycles late, the cycles past those 2,000 (the meeting's latency after its last arrival):", "",
+           "| how the 256 threads meet | all arrive together | one warp late: past its 2,000 cycles |",
+           "| --- | ---: | ---: |"]
+    for n, name in MBAR_PROBE_NAMES.items():
+        out.append(f"| {name} | {probe[n, 0]:.0f} | {probe[n, 2000]:.0f} |")
+    mean = lambda k, kind: sum(runs[k, kind, r]["output_tok_s"] for r in (1, 2)) / 2
+    rr = lambda k, kind: " / ".join(f"{runs[k, kind, r]['output_tok_s']:,.0f}" for r in (1, 2))
+    out += ["", f"In the megakernel: `minivllm bench` (Qwen3-0.6B's shapes, random weights, 512 + 256, `--repeat 3`) "
+            f"with one and two streams on **{d['gpu']}**, {d['date'][:10]}, commit {d['commit']}, the variants "
+            "alternated, two rounds (output tok/s, round 1 / round 2), and the profile of one more run each "
+            "(`MV_MEGAKERNEL_PROFILE=1`: the last step's time to its last grid barrier):", "",
+            "| the consumers' barrier; the waits | one stream | two streams | one stream against the default | "
+            "profile: to the last barrier |", "| --- | ---: | ---: | ---: | ---: |"]
+    for k, name in MBAR_WAIT_R88:
+        out.append(f"| {name} | {rr(k, 'single')} | {rr(k, 'two')} | {100 * mean(k, 'single') / mean('sp0', 'single'):.1f}% "
+                   f"| " + (f"{prof[k]:.1f} us" if k in prof else "") + " |")
+    return "\n".join(out) + "\n"
+
+
 def render_step_tail():
     """Run 82: a decode step's inputs in one copy (MV_PACKED_UPLOAD), SiluAndMul as gate_up's epilogue in the
     megakernel (MV_MEGAKERNEL_SILU), the reduction's version 2 (MV_MEGAKERNEL_REDUCE), each switched off in turn, two
@@ -1632,6 +1697,9 @@ def blocks():
     xreg = render_gemv_xreg()
     if xreg:
         out["09-engine:gemv-xreg"] = ("09-engine.r85-xr0.single.1.json", xreg)
+    mbw = render_mbar_wait()
+    if mbw:
+        out["09-engine:mbar-wait"] = ("09-engine.r88-sp0.single.1.json", mbw)
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)

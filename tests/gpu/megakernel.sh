@@ -131,9 +131,8 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
 # (MV_MEGAKERNEL_EMBED), xr0 / xr1 the GEMV's x from shared memory / in registers (MV_MEGAKERNEL_XREG), st the step timer (MV_STEP_TIMES=1),
-# sp0 / sp1 / sp2 the mbarrier waits by try_wait / the consumers' by test_wait / the producer's too
-# (MV_MEGAKERNEL_SPIN), cs the build with the consumers' barrier as an mbarrier (MV_MK_CSYNC_MBAR,
-# carried as build/minivllm-mbar or CS_BIN), A+B: both (gates=off+fr0).
+# cs the build with the consumers' barrier as an mbarrier (MV_MK_CSYNC_MBAR, carried as
+# build/minivllm-mbar or CS_BIN), A+B: both (gates=off+fr0).
 variant_env() {
   if [ "${1#*+}" != "$1" ]; then
     local part all=
@@ -155,7 +154,6 @@ variant_env() {
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
     emb0|emb1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_EMBED="${1#emb}" ;;
     xr0|xr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_XREG="${1#xr}" ;;
-    sp0|sp1|sp2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_SPIN="${1#sp}" ;;
     cs) echo MV_MEGAKERNEL=1 ;;
     st) echo MV_STEP_TIMES=1 ;;
     *) echo "unknown variant $1" >&2; return 1 ;;

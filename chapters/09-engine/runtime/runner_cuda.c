@@ -631,9 +631,6 @@ static const struct {
     {"MV_MEGAKERNEL_REDUCE", "12", "1 or 2 (the version of the megakernel's split-attention reduction; default 2)"},
     {"MV_MEGAKERNEL_XREG", "01",
      "0 (the megakernel's GEMV reads x from shared memory for every row pair) or 1 (x in registers, the default)"},
-    {"MV_MEGAKERNEL_SPIN", "012",
-     "0 (the megakernel's mbarrier waits by try_wait, the default), 1 (its consumers' by test_wait) or 2 (its "
-     "producer's too)"},
     {"MV_MEGAKERNEL_EMBED", "01",
      "0 (the embedding as a kernel of its own before the megakernel) or 1 (the megakernel's first read, the "
      "default)"},
