@@ -5,8 +5,8 @@
  * the hand-over barriers take one arrival from each thread that signals.
  * Below sm_90 the functions compile to nothing (callers check the GPU).
  * Used by kernels/decode_megakernel.cu, tests/gpu/racecheck_probe.cu and
- * tests/gpu/mbar_probe.cu (which times the try_wait waits against the
- * test_wait spins below: chapter 09, exercise 12).
+ * tests/gpu/mbar_probe.cu (which times the waits by try_wait against those
+ * by test_wait: chapter 09, exercise 12).
  */
 #ifndef MV_KERNELS_MBARRIER_CUH
 #define MV_KERNELS_MBARRIER_CUH
@@ -55,30 +55,28 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned b
 #endif
 }
 
-// Wait until the phase of this parity has completed (acquire).
+// Wait until the phase of this parity has completed (acquire): by
+// mbarrier.try_wait, which may suspend the thread until the phase completes
+// or a time limit passes, or with SPIN by mbarrier.test_wait, which only
+// looks (a spin on shared memory). tests/gpu/mbar_probe.cu times both.
+template <bool SPIN = false>
 __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
-#endif
-}
-
-// The same wait by mbarrier.test_wait, which only looks and never suspends
-// the thread: a spin on shared memory.
-__device__ __forceinline__ void mbar_wait_spin(uint64_t *bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    unsigned done = 0;
-    while (!done)
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(smem_u32(bar)), "r"(parity)
-            : "memory");
+    while (!done) {
+        if constexpr (SPIN)
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                : "=r"(done)
+                : "r"(smem_u32(bar)), "r"(parity)
+                : "memory");
+        else
+            asm volatile(
+                "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                : "=r"(done)
+                : "r"(smem_u32(bar)), "r"(parity)
+                : "memory");
+    }
 #else
     (void)bar, (void)parity;
 #endif
@@ -86,32 +84,25 @@ __device__ __forceinline__ void mbar_wait_spin(uint64_t *bar, unsigned parity) {
 // Arrive, then wait for the phase of this arrival to complete: a barrier of
 // the `count` threads that each call it once a phase (the token that
 // mbarrier.arrive returns names the phase, so the caller keeps no count).
+// SPIN as for mbar_wait.
+template <bool SPIN = false>
 __device__ __forceinline__ void mbar_arrive_wait(uint64_t *bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     uint64_t state;
     asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
     unsigned done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "l"(state)
-                     : "memory");
-#else
-    (void)bar;
-#endif
-}
-
-// mbar_arrive_wait with mbarrier.test_wait (a spin, never suspended).
-__device__ __forceinline__ void mbar_arrive_wait_spin(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t state;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar)), "l"(state)
-                     : "memory");
+    while (!done) {
+        if constexpr (SPIN)
+            asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done)
+                         : "r"(smem_u32(bar)), "l"(state)
+                         : "memory");
+        else
+            asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                         : "=r"(done)
+                         : "r"(smem_u32(bar)), "l"(state)
+                         : "memory");
+    }
 #else
     (void)bar;
 #endif

@@ -24,8 +24,8 @@
  *   try-state    mbarrier.arrive returning its state, then try_wait on it
  *                (mbar_arrive_wait: the MV_MK_CSYNC_MBAR build's barrier)
  *   test-parity  mbarrier.arrive, then mbarrier.test_wait.parity until done
- *                (mbar_wait_spin: MV_MEGAKERNEL_SPIN=1's norm sums)
- *   test-state   mbar_arrive_wait_spin (MV_MK_CSYNC_MBAR with MV_MEGAKERNEL_SPIN=1)
+ *                (mbar_wait<true>: run 88's MV_MEGAKERNEL_SPIN=1 norm sums)
+ *   test-state   mbar_arrive_wait<true> (MV_MK_CSYNC_MBAR with run 88's MV_MEGAKERNEL_SPIN=1)
  *   hint-N       try_wait.parity with a suspend-time hint of N ns
  * The program checks nothing of its own; the table is the result.
  */
@@ -84,12 +84,12 @@ __global__ void __launch_bounds__(288, 1) meet_kernel(int rounds, long long skew
         } else if constexpr (MODE == TRY_STATE) {
             mbar_arrive_wait(&bar);
         } else if constexpr (MODE == TEST_STATE) {
-            mbar_arrive_wait_spin(&bar);
+            mbar_arrive_wait<true>(&bar);
         } else {
             mbar_arrive(&bar);
             const unsigned parity = (unsigned)r & 1u;
             if constexpr (MODE == TRY_PARITY) mbar_wait(&bar, parity);
-            if constexpr (MODE == TEST_PARITY) mbar_wait_spin(&bar, parity);
+            if constexpr (MODE == TEST_PARITY) mbar_wait<true>(&bar, parity);
             if constexpr (MODE == HINT)
                 while (!try_parity_hint(&bar, parity, hint)) {
                 }
