@@ -148,6 +148,37 @@ def render_decode_versions(d):
     return "\n".join(out) + "\n"
 
 
+def render_decode_v5(d):
+    """Chapter 07's decode cases as a decode CUDA graph launches them, version 4 against version 5 (version 4 with the
+    reduction's loads first), the same run (json/07-attention.v5.json: run 90 of docs/perf-notes.md, commit cfecc73's
+    tree, whose attention code is 173d3c3's), and that run's compute-sanitizer lines
+    (json/07-attention.v5.sanitizer.txt)."""
+    rows = {}
+    for t in d["timings"]:
+        if t["case"].startswith("decode") and ", bound " in t["version"] and t["version"][:2] in ("v4", "v5"):
+            rows.setdefault(t["case"], {})[t["version"][:2]] = t
+    out = [f"`./build/07-attention --json FILE --require-speed` on **{d['gpu']['name']}**, {d['date'][:10]}, commit "
+           f"cfecc73 (run 90, `docs/results/07-attention.v5.md`: {d['n_checks'] - d['n_failed']} of {d['n_checks']} "
+           "checks passed): each decode case as a decode graph launches it, with the bound of 4,096 keys (or the "
+           "context, when longer).", "",
+           "| case (rows x keys) | version 4 | version 5 | version 5 / version 4 |", "| --- | ---: | ---: | ---: |"]
+    for case, r in rows.items():
+        if "v4" not in r or "v5" not in r:
+            continue
+        a, b = r["v4"], r["v5"]
+        out.append(f"| {case} | {fmt_us(a['ms'])} us ({a['pct_copy']:.0f}% of copy) | "
+                   f"{fmt_us(b['ms'])} us ({b['pct_copy']:.0f}%) | {b['ms'] / a['ms']:.2f} |")
+    san = os.path.join(JSON_DIR, "07-attention.v5.sanitizer.txt")
+    if os.path.exists(san):
+        out += ["", "compute-sanitizer over `./build/07-attention --checks-only --summary` in the same call (every check, "
+                "version 5's included):", "", "| tool | exit status | summary |", "| --- | --- | --- |"]
+        for l in open(san).read().splitlines():
+            m = re.match(r"^\S+ (\w+) rc=(\d+) =+ (.*)$", l)
+            if m:
+                out.append(f"| {m.group(1)} | {m.group(2)} | {m.group(3)} |")
+    return "\n".join(out) + "\n"
+
+
 def render_checks(d):
     # One row per (side, version): how many cases, all passed?, worst errors, tolerance.
     groups = {}
@@ -1234,6 +1265,47 @@ def render_mbar_wait():
     return "\n".join(out) + "\n"
 
 
+def render_h100_now():
+    """tests/gpu/bench.sh and tests/gpu/hf_peer.py on an H100 at commit cfecc73 (run 91) beside bench.sh at commit
+    47f1889 (run 84, the same kind of card): nano-vllm's workload, the latency mode at batch 1 / 8 / 64, the scaling
+    steps (batch 1 to 256, one stream at four contexts) and transformers as the peer (json/09-engine.r84-h100-*.json,
+    json/09-engine.r91-h100-*.json)."""
+    names = ["nanovllm-greedy", "nanovllm-qwen3", "latency", "scaling-batch"] + \
+        [f"context-{c}" for c in (512, 2048, 8192, 32768)]
+    old = {n: load(f"09-engine.r84-h100-{n}.json") for n in names}
+    new = {n: load(f"09-engine.r91-h100-{n}.json") for n in names + ["single", "hf-peer"]}
+    if not all(new.values()) or not all(old.values()):
+        return None
+    a, b = old["latency"], new["latency"]
+    out = [f"`tests/gpu/bench.sh` (`SKIP_EAGER=1`; run 84 also `SKIP_FILE=1`) on **{b['gpu']}**: run 84 at commit "
+           f"{a['commit']} ({a['date'][:10]}) and run 91 at commit {b['commit']} ({b['date'][:10]}), two machines of "
+           "the same kind; output tok/s (the workload and the latency mode: the median of 3 repetitions; the scaling "
+           "steps: one).", "",
+           f"| benchmark | {a['commit']} | {b['commit']} | change |", "| --- | ---: | ---: | ---: |"]
+
+    def row(name, x, y):
+        out.append(f"| {name} | {x:,.0f} | {y:,.0f} | {100 * (y / x - 1):+.1f}% |")
+
+    row("nano-vllm's workload, greedy", old["nanovllm-greedy"]["output_tok_s"], new["nanovllm-greedy"]["output_tok_s"])
+    row("nano-vllm's workload, Qwen3's default sampling", old["nanovllm-qwen3"]["output_tok_s"],
+        new["nanovllm-qwen3"]["output_tok_s"])
+    lat = lambda d: {x["batch"]: x["output_tok_s"]["median"] for x in d["batches"]}
+    la, lb = lat(a), lat(b)
+    for n in (1, 8, 64):
+        row(f"latency mode, batch {n} (512 + 256)", la[n], lb[n])
+    sa, sb = lat(old["scaling-batch"]), lat(new["scaling-batch"])
+    for n in sorted(sa):
+        row(f"scaling, batch {n} (512 + 256)", sa[n], sb[n])
+    for c in (512, 2048, 8192, 32768):
+        x, y = old[f"context-{c}"]["batches"][0], new[f"context-{c}"]["batches"][0]
+        row(f"one stream, {c:,}-token prompt + 256", x["output_tok_s"]["median"], y["output_tok_s"]["median"])
+    out += ["", "The same call (run 91) then ran transformers on the same H100: "
+            + render_engine_peer(new["hf-peer"], new["single"], new["nanovllm-greedy"]).replace(
+                "minivllm from the tables above", "minivllm from the same call's `bench.sh` (its single step, "
+                "`--repeat 5`, and the workload greedy)")]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 def render_step_tail():
     """Run 82: a decode step's inputs in one copy (MV_PACKED_UPLOAD), SiluAndMul as gate_up's epilogue in the
     megakernel (MV_MEGAKERNEL_SILU), the reduction's version 2 (MV_MEGAKERNEL_REDUCE), each switched off in turn, two
@@ -1652,6 +1724,8 @@ def blocks():
                 out[f"{ch}:small-m"] = (name, render_small_m(d))
             if ch == "07-attention.v4":
                 out[f"{ch}:decode"] = (name, render_decode_versions(d))
+            if ch == "07-attention.v5":
+                out[f"{ch}:decode"] = (name, render_decode_v5(d))
             if ch == "06-kv-store.fused":
                 out[f"{ch}:fused"] = (name, render_fused_store(d))
             if "." not in ch:  # compute-sanitizer runs once per chapter, not per GPU count
@@ -1697,6 +1771,9 @@ def blocks():
     xreg = render_gemv_xreg()
     if xreg:
         out["09-engine:gemv-xreg"] = ("09-engine.r85-xr0.single.1.json", xreg)
+    h100 = render_h100_now()
+    if h100:
+        out["09-engine:h100-now"] = ("09-engine.r91-h100-latency.json", h100)
     mbw = render_mbar_wait()
     if mbw:
         out["09-engine:mbar-wait"] = ("09-engine.r88-sp0.single.1.json", mbw)
