@@ -915,6 +915,45 @@ def render_megakernel_gates():
     return "\n".join(out) + "\n"
 
 
+GATES_R92 = (("mk1", "-2,0,2,4 (the default)"),
+             ("gates_-1_0_2_4", "-1,0,2,4: qkv after the layer before's last barrier"),
+             ("gates_-2_0_2_5", "-2,0,2,5: down after gate_up's barrier"),
+             ("gates_-1_0_2_5", "-1,0,2,5: both"))
+
+
+def render_gates_r92():
+    """Run 92: three refill schedules not tried in run 71, against the default, two rounds
+    (json/09-engine.r92-V.single.{1,2}.json), and the profiles of the default and of -1,0,2,4
+    (docs/results/09-engine-megakernel-gates.txt, run 92's block)."""
+    runs = load_rounds("09-engine.r92-{k}.single.{r}.json", [g for g, _ in GATES_R92], GATES_TXT)
+    if not runs:
+        return None
+    d = runs["mk1", 1]
+    out = [one_stream_head(d) + "(run 92), the schedules alternated, two rounds. Output tok/s, median of 3 (min - max), "
+           "and the median time per output token:", "", "| gates | round 1 | round 2 | against the default |",
+           "| --- | ---: | ---: | ---: |"]
+    base = sum(runs["mk1", r]["output_tok_s"] for r in (1, 2)) / 2
+    for g, label in GATES_R92:
+        mean = sum(runs[g, r]["output_tok_s"] for r in (1, 2)) / 2
+        out.append(f"| {label} | {one_stream_cell(runs[g, 1])} | {one_stream_cell(runs[g, 2])} | "
+                   f"{100 * mean / base:.1f}% |")
+    block = run_block(open(GATES_TXT).read().splitlines(), 92)
+    prof = {}
+    for tag in ("mk1", "gates=-1,0,2,4"):
+        i = next(i for i, l in enumerate(block) if f"MV_MEGAKERNEL_PROFILE=1, {tag}:" in l)
+        prof[tag] = profile_at(block, i + 1)
+        w = next(l for l in block[i + 1:] if l.strip().startswith("qkv "))
+        prof[tag] += (float(w.split()[2]),)
+    (a_rows, _, a_us, a_w), (b_rows, _, b_us, b_w) = prof["mk1"], prof["gates=-1,0,2,4"]
+    out += ["", f"The profiles (the same run): {a_us:,.1f} us to the last barrier with the default, {b_us:,.1f} with "
+            f"-1,0,2,4; block 0 waits {a_w:.2f} and {b_w:.2f} us for qkv's weights. The mean over the 28 layers, in us "
+            "(work + barrier):", "", "| phase | -2,0,2,4 (the default) | -1,0,2,4 |", "| --- | ---: | ---: |"]
+    for (name, x, y), (_, u, v) in zip(a_rows, b_rows):
+        out.append(f"| {name} | {x:.2f} + {y:.2f} | {u:.2f} + {v:.2f} |")
+    out.append(layer_total_row(a_rows, b_rows))
+    return "\n".join(out) + "\n"
+
+
 ATTEMPTS_TXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "09-engine-megakernel-attempts.txt")
 ATTEMPTS = (("r73-kernel", 73, "the kernel (reduction phase, no prefetch)"),
             ("r73-stage", 73, "`MV_MEGAKERNEL_REDUCE=stage`: the reduction in o_proj's staging"),
@@ -1774,6 +1813,9 @@ def blocks():
     h100 = render_h100_now()
     if h100:
         out["09-engine:h100-now"] = ("09-engine.r91-h100-latency.json", h100)
+    g92 = render_gates_r92()
+    if g92:
+        out["09-engine:gates-r92"] = ("09-engine.r92-mk1.single.1.json", g92)
     mbw = render_mbar_wait()
     if mbw:
         out["09-engine:mbar-wait"] = ("09-engine.r88-sp0.single.1.json", mbw)
