@@ -128,24 +128,32 @@ def render_small_m(d):
     return "\n".join(out) + "\n"
 
 
+def decode_pair_rows(d, va, vb):
+    """The table rows of chapter 07's decode cases as a decode CUDA graph launches them (the versions timed under the
+    graph's bound): version va against version vb ("v3", "v4", ...), time and % of copy."""
+    rows = {}
+    for t in d["timings"]:
+        if t["case"].startswith("decode") and ", bound " in t["version"] and t["version"][:2] in (va, vb):
+            rows.setdefault(t["case"], {})[t["version"][:2]] = t
+    na, nb = va[1:], vb[1:]
+    out = [f"| case (rows x keys) | version {na} | version {nb} | version {nb} / version {na} |",
+           "| --- | ---: | ---: | ---: |"]
+    for case, r in rows.items():
+        if va not in r or vb not in r:
+            continue
+        a, b = r[va], r[vb]
+        out.append(f"| {case} | {fmt_us(a['ms'])} us ({a['pct_copy']:.0f}% of copy) | "
+                   f"{fmt_us(b['ms'])} us ({b['pct_copy']:.0f}%) | {b['ms'] / a['ms']:.2f} |")
+    return out
+
+
 def render_decode_versions(d):
     """Chapter 07's decode cases as a decode CUDA graph launches them: version 3 (the graph's count) against
     version 4 (its own automatic count), time and % of copy."""
-    rows = {}
-    for t in d["timings"]:
-        if t["case"].startswith("decode") and ", bound " in t["version"] and t["version"][:2] in ("v3", "v4"):
-            rows.setdefault(t["case"], {})[t["version"][:2]] = t
     out = [f"`./build/07-attention` on **{d['gpu']['name']}**, {d['date'][:10]}, commit 55607a7 (the run of "
            f"`docs/results/07-attention.v4.md`): each decode case as a decode graph "
-           f"launches it, with the bound of 4,096 keys (or the context, when longer).", "",
-           "| case (rows x keys) | version 3 | version 4 | version 4 / version 3 |", "| --- | ---: | ---: | ---: |"]
-    for case, r in rows.items():
-        if "v3" not in r or "v4" not in r:
-            continue
-        a, b = r["v3"], r["v4"]
-        out.append(f"| {case} | {fmt_us(a['ms'])} us ({a['pct_copy']:.0f}% of copy) | "
-                   f"{fmt_us(b['ms'])} us ({b['pct_copy']:.0f}%) | {b['ms'] / a['ms']:.2f} |")
-    return "\n".join(out) + "\n"
+           f"launches it, with the bound of 4,096 keys (or the context, when longer).", ""]
+    return "\n".join(out + decode_pair_rows(d, "v3", "v4")) + "\n"
 
 
 def render_decode_v5(d):
@@ -153,21 +161,10 @@ def render_decode_v5(d):
     reduction's loads first), the same run (json/07-attention.v5.json: run 90 of docs/perf-notes.md, commit cfecc73's
     tree, whose attention code is 173d3c3's), and that run's compute-sanitizer lines
     (json/07-attention.v5.sanitizer.txt)."""
-    rows = {}
-    for t in d["timings"]:
-        if t["case"].startswith("decode") and ", bound " in t["version"] and t["version"][:2] in ("v4", "v5"):
-            rows.setdefault(t["case"], {})[t["version"][:2]] = t
     out = [f"`./build/07-attention --json FILE --require-speed` on **{d['gpu']['name']}**, {d['date'][:10]}, commit "
            f"cfecc73 (run 90, `docs/results/07-attention.v5.md`: {d['n_checks'] - d['n_failed']} of {d['n_checks']} "
            "checks passed): each decode case as a decode graph launches it, with the bound of 4,096 keys (or the "
-           "context, when longer).", "",
-           "| case (rows x keys) | version 4 | version 5 | version 5 / version 4 |", "| --- | ---: | ---: | ---: |"]
-    for case, r in rows.items():
-        if "v4" not in r or "v5" not in r:
-            continue
-        a, b = r["v4"], r["v5"]
-        out.append(f"| {case} | {fmt_us(a['ms'])} us ({a['pct_copy']:.0f}% of copy) | "
-                   f"{fmt_us(b['ms'])} us ({b['pct_copy']:.0f}%) | {b['ms'] / a['ms']:.2f} |")
+           "context, when longer).", ""] + decode_pair_rows(d, "v4", "v5")
     san = os.path.join(JSON_DIR, "07-attention.v5.sanitizer.txt")
     if os.path.exists(san):
         out += ["", "compute-sanitizer over `./build/07-attention --checks-only --summary` in the same call (every check, "
@@ -755,6 +752,14 @@ def load_rounds(fmt, keys, txt=None):
     return runs if all(runs.values()) and (txt is None or os.path.exists(txt)) else None
 
 
+def load_streams(run, keys, txt=None):
+    """{(key, "single" | "two", round): json} of json/09-engine.rRUN-KEY.KIND.ROUND.json, one and two streams,
+    rounds 1 and 2 (tests/gpu/megakernel.sh's TWO=1 files), or None when a file (or txt) is missing."""
+    runs = {(k, kind, r): load(f"09-engine.r{run}-{k}.{kind}.{r}.json")
+            for k in keys for kind in ("single", "two") for r in (1, 2)}
+    return runs if all(runs.values()) and (txt is None or os.path.exists(txt)) else None
+
+
 def one_stream_head(d):
     """The start of a one-stream table's caption: the bench command, the GPU, the date and the commit of run d."""
     return (f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --num-seqs 1 "
@@ -879,6 +884,13 @@ def run_block(lines, run):
     return lines[start:end]
 
 
+def gates_rows(runs, schedules, base):
+    """One row a refill schedule: both rounds' one-stream cells and the mean of the two against schedule base's."""
+    mean = lambda g: sum(runs[g, r]["output_tok_s"] for r in (1, 2)) / 2
+    return [f"| {label} | {one_stream_cell(runs[g, 1])} | {one_stream_cell(runs[g, 2])} | "
+            f"{100 * mean(g) / mean(base):.1f}% |" for g, label in schedules]
+
+
 def render_megakernel_gates():
     """The producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES), one stream, six schedules
     alternated, two rounds (json/09-engine.gates-NAME.single.{1,2}.json, run 71), and the profiles of the kernel
@@ -894,11 +906,7 @@ def render_megakernel_gates():
            f"6 down, negative: the layer before) in turn, two rounds. Output tok/s, median of 3 (min - max), and "
            f"the median time per output token:", "",
            "| gates | round 1 | round 2 | against off |", "| --- | ---: | ---: | ---: |"]
-    off = sum(runs["off", r]["output_tok_s"] for r in (1, 2)) / 2
-    for g, label in GATES:
-        mean = sum(runs[g, r]["output_tok_s"] for r in (1, 2)) / 2
-        out.append(f"| {label} | {one_stream_cell(runs[g, 1])} | {one_stream_cell(runs[g, 2])} | "
-                   f"{100 * mean / off:.1f}% |")
+    out += gates_rows(runs, GATES, "off")
     block = run_block(open(GATES_TXT).read().splitlines(), 71)
     prof = {}
     for tag, key in (("gates=off", "off"), ("mk1", "default")):
@@ -932,11 +940,7 @@ def render_gates_r92():
     out = [one_stream_head(d) + "(run 92), the schedules alternated, two rounds. Output tok/s, median of 3 (min - max), "
            "and the median time per output token:", "", "| gates | round 1 | round 2 | against the default |",
            "| --- | ---: | ---: | ---: |"]
-    base = sum(runs["mk1", r]["output_tok_s"] for r in (1, 2)) / 2
-    for g, label in GATES_R92:
-        mean = sum(runs[g, r]["output_tok_s"] for r in (1, 2)) / 2
-        out.append(f"| {label} | {one_stream_cell(runs[g, 1])} | {one_stream_cell(runs[g, 2])} | "
-                   f"{100 * mean / base:.1f}% |")
+    out += gates_rows(runs, GATES_R92, "mk1")
     block = run_block(open(GATES_TXT).read().splitlines(), 92)
     prof = {}
     for tag in ("mk1", "gates=-1,0,2,4"):
@@ -1172,12 +1176,8 @@ def render_gemv_xreg():
     """Run 85 (and run 86 where its JSON is there): the megakernel's GEMV with x in registers against x from shared
     memory, in the kernel (one and two streams, alternated, two rounds: json/09-engine.r85-V.{single,two}.R.json) and
     alone (tests/gpu/gemv_probe.cu's lines in docs/results/09-engine-gemv-xreg.txt)."""
-    runs = {}
-    for k, _ in GEMV_XREG_R85:
-        for kind in ("single", "two"):
-            for r in (1, 2):
-                runs[k, kind, r] = load(f"09-engine.r85-{k}.{kind}.{r}.json")
-    if not all(runs.values()) or not os.path.exists(GEMV_XREG_TXT):
+    runs = load_streams(85, [k for k, _ in GEMV_XREG_R85], GEMV_XREG_TXT)
+    if not runs:
         return None
     lines = run_block(open(GEMV_XREG_TXT).read().splitlines(), 85)
     d = runs["xr0", "single", 1]
@@ -1206,12 +1206,8 @@ def render_gemv_xreg():
         for n, name in names:
             a, b, c = probe[n, "smem", 8, 1], probe[n, "registers", 8, 1], probe.get((n, "registers", 16, 1))
             out.append(f"| {name} | {a:,} | {b:,} ({100 * b / a:.0f}%) | " + (f"{c:,}" if c else "") + " |")
-    r86 = {}
-    for k, _ in GEMV_XREG_R86:
-        for kind in ("single", "two"):
-            for r in (1, 2):
-                r86[k, kind, r] = load(f"09-engine.r86-{k}.{kind}.{r}.json")
-    if all(r86.values()):
+    r86 = load_streams(86, [k for k, _ in GEMV_XREG_R86])
+    if r86:
         e = r86["mk1", "single", 1]
         m86 = lambda k: sum(r86[k, "single", r]["output_tok_s"] for r in (1, 2)) / 2
         t86 = lambda k: sum(r86[k, "two", r]["output_tok_s"] for r in (1, 2)) / 2
@@ -1260,12 +1256,8 @@ def render_mbar_wait():
     try_wait (MV_MEGAKERNEL_SPIN, a switch of that run) and with its consumers' barrier an mbarrier, one and two
     streams alternated, two rounds (json/09-engine.r88-V.{single,two}.R.json), with the profiles' time to the last
     barrier."""
-    runs = {}
-    for k, _ in MBAR_WAIT_R88:
-        for kind in ("single", "two"):
-            for r in (1, 2):
-                runs[k, kind, r] = load(f"09-engine.r88-{k}.{kind}.{r}.json")
-    if not all(runs.values()) or not os.path.exists(MBAR_WAIT_TXT):
+    runs = load_streams(88, [k for k, _ in MBAR_WAIT_R88], MBAR_WAIT_TXT)
+    if not runs:
         return None
     lines = run_block(open(MBAR_WAIT_TXT).read().splitlines(), 88)
     probe, head, prof, cur = {}, None, {}, None

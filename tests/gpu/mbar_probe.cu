@@ -2,7 +2,8 @@
  * tests/gpu/mbar_probe.cu - what one meeting of the decode megakernel's 256
  * consumer threads costs, by the kind of barrier they meet at.
  *
- *   nvcc -I. -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/gpu/mbar_probe.cu -o build/mbar_probe
+ *   nvcc -I. -DMV_HAVE_CUDA=1 -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 tests/gpu/mbar_probe.cu \
+ *        build/lib/libmv_core.a -lcublas -lnccl -o build/mbar_probe
  *   ./build/mbar_probe [ROUNDS]
  *
  * The question behind it (chapter 09, exercise 12): with its consumers'
@@ -37,16 +38,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/check.h"
 #include "kernels/mbarrier.cuh"
 
-#define CK(x)                                                                  \
-    do {                                                                       \
-        cudaError_t e_ = (x);                                                  \
-        if (e_ != cudaSuccess) {                                               \
-            printf("%s: %s\n", #x, cudaGetErrorString(e_));                    \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
 
 using namespace mv_mbar;
 
@@ -103,9 +97,9 @@ static double run(int rounds, long long skew, unsigned hint, int blocks, long lo
     std::vector<double> t;
     for (int k = 0; k < 6; k++) {
         meet_kernel<MODE><<<blocks, 288, 100 * 1024>>>(rounds, skew, hint, d);
-        CK(cudaGetLastError());
+        CUDA_CHECK(cudaGetLastError());
         long long c;
-        CK(cudaMemcpy(&c, d, sizeof c, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(&c, d, sizeof c, cudaMemcpyDeviceToHost));
         if (k) t.push_back((double)c / rounds);  // the first launch warms up
     }
     std::sort(t.begin(), t.end());
@@ -119,23 +113,23 @@ int main(int argc, char **argv) {
         return 2;
     }
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     if (prop.major < 9) {
         fprintf(stderr, "mbar_probe: needs compute capability 9.0 (mbarrier try_wait), this GPU is %d.%d\n", prop.major,
                 prop.minor);
         return 2;
     }
     long long *d;
-    CK(cudaMalloc(&d, sizeof(long long)));
-    CK(cudaFuncSetAttribute(meet_kernel<NAMED>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-    CK(cudaFuncSetAttribute(meet_kernel<TRY_PARITY>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-    CK(cudaFuncSetAttribute(meet_kernel<TRY_STATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-    CK(cudaFuncSetAttribute(meet_kernel<TEST_PARITY>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-    CK(cudaFuncSetAttribute(meet_kernel<TEST_STATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
-    CK(cudaFuncSetAttribute(meet_kernel<HINT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaMalloc(&d, sizeof(long long)));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<NAMED>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<TRY_PARITY>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<TRY_STATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<TEST_PARITY>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<TEST_STATE>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    CUDA_CHECK(cudaFuncSetAttribute(meet_kernel<HINT>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
     const int blocks = prop.multiProcessorCount;
     int khz = 0;
-    CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
     printf("mbar_probe: %s, %d SMs, clock %.0f MHz, %d rounds, one block of 288 threads a SM (256 meet)\n", prop.name,
            blocks, khz / 1e3, rounds);
     printf("%-14s %8s %14s %16s\n", "variant", "skew", "cycles/meeting", "past the skew");
@@ -160,6 +154,6 @@ int main(int argc, char **argv) {
             printf("%-14s %8lld %14.1f %16.1f\n", name, s, c, c - s);
         }
     }
-    CK(cudaFree(d));
+    CUDA_CHECK(cudaFree(d));
     return 0;
 }
