@@ -8,8 +8,8 @@
  *
  * The question behind it (chapter 09, exercise 12): with its consumers'
  * barrier as an mbarrier of 256 arrivals waited on by `mbarrier.try_wait`,
- * the megakernel lost 17% (run 86), and o_proj's input, a 4 KB copy and one
- * such meeting, took 2.17 us against 0.37 at named barrier 1; the RMSNorm's
+ * the megakernel is slower than with named barrier 1, and o_proj's input, a
+ * 4 KB copy and one such meeting, takes several times as long; the RMSNorm's
  * block sum, which meets at an mbarrier the same way, makes the norm's
  * input about 0.9 us longer than a plain copy's. try_wait may suspend the
  * thread until the phase completes or a time limit passes; test_wait only
@@ -25,8 +25,8 @@
  *   try-state    mbarrier.arrive returning its state, then try_wait on it
  *                (mbar_arrive_wait: the MV_MK_CSYNC_MBAR build's barrier)
  *   test-parity  mbarrier.arrive, then mbarrier.test_wait.parity until done
- *                (mbar_wait<true>: run 88's MV_MEGAKERNEL_SPIN=1 norm sums)
- *   test-state   mbar_arrive_wait<true> (MV_MK_CSYNC_MBAR with run 88's MV_MEGAKERNEL_SPIN=1)
+ *                (mbar_wait<true>)
+ *   test-state   mbar_arrive_wait<true>: the MV_MK_CSYNC_MBAR barrier by test_wait
  *   hint-N       try_wait.parity with a suspend-time hint of N ns
  * The program checks nothing of its own; the table is the result.
  */
@@ -107,9 +107,16 @@ static double run(int rounds, long long skew, unsigned hint, int blocks, long lo
 }
 
 int main(int argc, char **argv) {
-    const int rounds = argc > 1 ? atoi(argv[1]) : 4096;
-    if (rounds <= 0) {
-        fprintf(stderr, "mbar_probe: ROUNDS must be a positive integer, got '%s'\n", argv[1]);
+    if (argc > 2) {
+        fprintf(stderr, "usage: mbar_probe [ROUNDS]\n");
+        return 2;
+    }
+    char *end = NULL;
+    const long parsed = argc > 1 ? strtol(argv[1], &end, 10) : 4096;
+    const int ok = argc == 1 || (end != argv[1] && *end == '\0');
+    const int rounds = ok && parsed >= 1 && parsed <= 1000000 ? (int)parsed : 0;
+    if (rounds == 0) {
+        fprintf(stderr, "mbar_probe: ROUNDS must be an integer from 1 to 1000000, got '%s'\n", argv[1]);
         return 2;
     }
     cudaDeviceProp prop;
