@@ -1451,6 +1451,53 @@ def render_gemv_ab():
     return "\n".join(out) + "\n"
 
 
+WGMMA_PROBE_TXT = os.path.join(HERE, "03-linear-tp-v4-probe.txt")
+WGMMA_PROBE_LINE = re.compile(r"^(\w+)\s+(\d+) \|\s+([\d.]+) \|(.*)\| best ([\d.]+) \(([\d.]+)x\)")
+WGMMA_CELL = re.compile(r"(\d)/(\d) ([\d.]+) \[([\d.e+-]+) ")
+WGMMA_EXP_LINE = re.compile(r"^EXP (\w+)\s+M=\s*(\d+) nwg (\d) cs (\d): full ([\d.]+) no mma ([\d.]+) no loads ([\d.]+) "
+                            r"no epilogue ([\d.]+)(?: \| plain launch ([\d.]+))? \| cuBLAS ([\d.]+)")
+
+
+def render_wgmma_probe():
+    """Runs 93 and 94: linear version 4's first form (TMA + wgmma, branch wip/linear-wgmma) against cuBLAS,
+    tests/gpu/wgmma_probe.cu's lines in docs/results/03-linear-tp-v4-probe.txt: the fastest plan for each projection
+    and M, and the breakdown of run 94 (parts of the kernel switched off)."""
+    if not os.path.exists(WGMMA_PROBE_TXT):
+        return None
+    rows, exp = {}, []
+    for l in open(WGMMA_PROBE_TXT):
+        g = WGMMA_PROBE_LINE.match(l)
+        if g:
+            cells = [(int(a), int(b), float(t), float(e)) for a, b, t, e in WGMMA_CELL.findall(g.group(4))]
+            rows[g.group(1), int(g.group(2))] = (float(g.group(3)), cells)
+        g = WGMMA_EXP_LINE.match(l)
+        if g:
+            exp.append(g.groups())
+    if not rows or not exp:
+        return None
+    out = ["`build/wgmma_probe` (`tests/gpu/wgmma_probe.cu`) on one NVIDIA H100 80GB HBM3, 2026-12-06 (run 93, the "
+           "first form of linear version 4, branch `wip/linear-wgmma`; the lines: "
+           "`docs/results/03-linear-tp-v4-probe.txt`): us a launch, 16 launches on 16 "
+           "weight copies in one CUDA graph; *version 4*: the fastest of its plans (64 or 128 weight rows a CTA, K "
+           "split over 1, 2, 4 or 8 CTAs), every plan within 2e-2 of the output's RMS of cuBLAS's output:", "",
+           "| projection | M | cuBLAS | version 4, fastest plan | rows a CTA x split | cuBLAS / version 4 |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for (name, m), (cub, cells) in rows.items():
+        if m not in (1, 8, 32, 64, 128, 256):
+            continue
+        nwg, cs, t, _ = min(cells, key=lambda c: c[2])
+        out.append(f"| {name} | {m} | {cub:.2f} | {t:.2f} | {64 * nwg} x {cs} | {cub / t:.2f} |")
+    worst = max(e for _, cells in rows.values() for *_, e in cells)
+    out += ["", f"(Largest difference of any plan from cuBLAS, over the output's RMS: {worst:.1e}.) Run 94 switched "
+            "parts of the same kernel off, same timing (us a launch):", "",
+            "| projection | M | plan | whole | no MMAs | no loads (launch, barriers, epilogue) | no epilogue | "
+            "split of 1 without a cluster | cuBLAS |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, m, nwg, cs, full, nomma, noload, noepi, plain, cub in exp:
+        out.append(f"| {name} | {m} | {64 * int(nwg)} x {cs} | {full} | {nomma} | {noload} | {noepi} | "
+                   f"{plain or ''} | {cub} |")
+    return "\n".join(out) + "\n"
+
+
 def render_lt_probe():
     """cuBLAS's first choice against the best of cublasLt's heuristic list, in graphs (json/09-engine.lt-probe.json,
     tests/gpu/lt_probe.cu)."""
@@ -1814,6 +1861,9 @@ def blocks():
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
+    wp = render_wgmma_probe()
+    if wp:
+        out["09-engine:wgmma-probe"] = ("03-linear-tp-v4-probe.txt", wp)
     lt = render_lt_probe()
     if lt:
         out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)
