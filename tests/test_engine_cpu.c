@@ -1800,3 +1800,110 @@ Test(chat_cli, two_turns_equal_generate_on_the_conversation) {
     tokenizer_free(tok);
     remove_dir(dir);
 }
+
+// ---- asynchronous scheduling ------------------------------------------------------------------
+// A backend with asynchronous steps over the CPU model: launch_sample runs
+// the step at once (the "device" is the host), taking a row's input id from
+// the step launched before's ids where input_from says so, and keeps its ids
+// in one of two slots until collect_sample takes the oldest; sampling as
+// fake_step_sample (greedy, request `poison` failing). An id the step before
+// failed (RUNNER_ROW_FAILED) reads as id 0, as the GPU's embedding reads an id
+// outside the vocabulary as zeros: that row's output is dropped anyway.
+static struct {
+    int32_t ids[2][64];
+    int n[2], head, count;
+    long launches, ahead_launches, rows_launched;
+} fake_async;
+
+static int fake_launch_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                              const int32_t *input_from) {
+    cr_assert_lt(fake_async.count, 2, "more than two steps launched");
+    cr_assert_leq(in->num_seqs, 64);
+    const int slot = (fake_async.head + fake_async.count) % 2, prev = (slot + 1) % 2;
+    runner_step_t own = *in;
+    int32_t ids[64];
+    if (input_from) {
+        cr_assert_eq(fake_async.count, 1, "input ids from a step that is not the one in flight");
+        for (int q = 0; q < in->num_seqs; q++) {
+            cr_assert_lt(input_from[q], fake_async.n[prev]);
+            const int32_t id = fake_async.ids[prev][input_from[q]];
+            ids[q] = id == RUNNER_ROW_FAILED ? 0 : id;
+        }
+        own.input_ids = ids;
+        fake_async.ahead_launches++;
+    }
+    if (fake_step_sample(r, &own, sp, fake_async.ids[slot], NULL)) return -1;
+    fake_async.n[slot] = in->num_sample;
+    fake_async.count++;
+    fake_async.launches++;
+    fake_async.rows_launched += in->num_sample;
+    return 0;
+}
+
+static int fake_collect_sample(model_runner_t *r, int32_t *sampled, int n) {
+    cr_assert_gt(fake_async.count, 0, "nothing launched");
+    cr_assert_eq(n, fake_async.n[fake_async.head]);
+    memcpy(sampled, fake_async.ids[fake_async.head], (size_t)n * sizeof *sampled);
+    fake_async.head ^= 1;
+    fake_async.count--;
+    return 0;
+}
+
+// The same requests with steps planned ahead and without: the same tokens,
+// finish reasons and errors. Stop ids taken from a first run (requests 0 and
+// 2's fourth token) end requests where the scheduler cannot foresee it, so the
+// step planned ahead drops their rows; request 1 fails at its first token;
+// request 3 runs to its max_tokens.
+Test(engine_async, steps_planned_ahead_give_the_same_outputs) {
+    static const int32_t p0[] = {7, 8}, p1[] = {100, 5, 6}, p2[] = {9}, p3[] = {11, 12, 13, 14};
+    sampling_params_t greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .max_tokens = 9, .ignore_eos = 1};
+    engine_request_t reqs[4] = {{p0, 2, greedy, 0}, {p1, 3, greedy, 1}, {p2, 1, greedy, 2}, {p3, 4, greedy, 3}};
+    reqs[3].params.max_tokens = 14;
+    engine_t *e = make_engine(MODELS[0], 4, 64, 8, 64, 1);
+    runner_backend_t fake = *e->runner->backend;
+    fake.step_sample = fake_step_sample;
+    fake.launch_sample = fake_launch_sample;
+    fake.collect_sample = fake_collect_sample;
+    e->runner->backend = &fake;
+    e->runner->tp.size = 1;
+    fake_poison_prompt0 = 100;
+    engine_output_t first[4];
+    e->cfg.no_async_scheduling = 1;
+    cr_assert_eq(engine_run(e, reqs, 4, first, NULL), 0, "%s", mv_last_error());
+    int32_t stop_id[4];
+    engine_stop_t stops[4] = {{0}};
+    for (int i = 0; i < 4; i++)
+        if ((i == 0 || i == 2) && first[i].num_tokens > 3) {
+            stop_id[i] = first[i].token_ids[3];
+            stops[i] = (engine_stop_t){.ids = &stop_id[i], .n = 1};
+        }
+    engine_output_t outs[2][4];
+    for (int a = 0; a < 2; a++) {
+        e->cfg.no_async_scheduling = !a;
+        memset(&fake_async, 0, sizeof fake_async);
+        cr_assert_eq(engine_run_stops(e, reqs, stops, 4, outs[a], NULL), 0, "async %d: %s", a, mv_last_error());
+        cr_expect_eq(fake_async.count, 0, "async %d: a launched step was never collected", a);
+        if (a == 0) cr_expect_eq(fake_async.launches, 0, "no steps launched without async scheduling");
+    }
+    cr_expect_geq(fake_async.ahead_launches, 10, "only %ld steps planned ahead", fake_async.ahead_launches);
+    long tokens = 0;
+    for (int i = 0; i < 4; i++) {
+        tokens += outs[1][i].num_tokens;
+        cr_expect_eq(outs[0][i].num_tokens, outs[1][i].num_tokens, "request %d: %d tokens sync, %d async", i,
+                     outs[0][i].num_tokens, outs[1][i].num_tokens);
+        cr_expect_eq(memcmp(outs[0][i].token_ids, outs[1][i].token_ids, (size_t)outs[0][i].num_tokens * 4), 0,
+                     "request %d differs", i);
+        cr_expect_str_eq(engine_output_finish_reason(&outs[0][i]), engine_output_finish_reason(&outs[1][i]));
+        cr_expect_eq(!outs[0][i].error, !outs[1][i].error, "request %d", i);
+    }
+    cr_expect_not_null(outs[1][1].error, "the poisoned request has no error");
+    cr_expect_str_eq(engine_output_finish_reason(&outs[1][0]), "stop");
+    // Rows computed past an unforeseen end (the stops, the failure): launched, never handed over.
+    cr_expect_gt(fake_async.rows_launched, tokens + 1, "%ld rows launched for %ld tokens", fake_async.rows_launched,
+                 tokens);
+    engine_outputs_free(first, 4);
+    engine_outputs_free(outs[0], 4);
+    engine_outputs_free(outs[1], 4);
+    e->runner->backend = &RUNNER_BACKEND_CPU;
+    engine_free(e);
+}

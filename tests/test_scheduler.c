@@ -309,7 +309,7 @@ static void random_run(uint64_t seed, scheduler_config_t c, workload_t w, int mi
     rng_seed(&rng, seed);
     sim_request_t *reqs = sim_make_requests(&rng, &w);
     cr_assert_not_null(reqs);
-    sim_options_t opt = {1, 100000};
+    sim_options_t opt = {.check_every_step = 1, .max_steps = 100000};
     sim_result_t r;
     int rc = sim_run(&c, reqs, w.num_requests, &opt, &r);
     cr_expect_eq(rc, 0, "seed %llu: %s", (unsigned long long)seed, mv_last_error());
@@ -351,4 +351,96 @@ Test(scheduler_random, some_requests_rejected_the_rest_finish) {
     scheduler_config_t c = config(16, 40, 8, 64, 256);
     workload_t w = {60, 1, 300, 1, 100, 0, 1.0};
     random_run(30, c, w, 300, 0);
+}
+
+// ---- asynchronous scheduling ---------------------------------------------------------------
+// The same workload with and without steps planned ahead (scheduler_schedule_ahead,
+// the stand-in's input ids taken from the step before's output): every
+// request must end with the same tokens (checked against the stand-in model)
+// and the same length and reason; the runs must plan steps ahead, and drop
+// rows whose request ended unforeseen (stops, aborts) from a step in flight.
+// min_ahead: the least share of steps planned ahead (arrivals make requests
+// wait, and a step with one to admit is not planned ahead).
+static void async_vs_sync(uint64_t seed, scheduler_config_t c, workload_t w, int stop_mod, int abort_every,
+                          double min_ahead) {
+    rng_t rng;
+    rng_seed(&rng, seed);
+    sim_request_t *reqs = sim_make_requests(&rng, &w);
+    cr_assert_not_null(reqs);
+    sim_result_t r[2];
+    for (int a = 0; a < 2; a++) {
+        sim_options_t opt = {.check_every_step = 1, .max_steps = 100000, .async = a, .stop_mod = stop_mod, .abort_every = abort_every};
+        int rc = sim_run(&c, reqs, w.num_requests, &opt, &r[a]);
+        cr_expect_eq(rc, 0, "seed %llu, async %d: %s", (unsigned long long)seed, a, mv_last_error());
+        cr_expect_eq(r[a].wrong_outputs, 0, "seed %llu, async %d", (unsigned long long)seed, a);
+        cr_expect_eq(r[a].finished + r[a].rejected, w.num_requests);
+    }
+    cr_expect_eq(r[0].ahead_steps, 0);
+    cr_expect_gt(r[1].ahead_steps, (long)(min_ahead * r[1].steps), "seed %llu: %ld of %ld steps planned ahead",
+                 (unsigned long long)seed, r[1].ahead_steps, r[1].steps);
+    if (stop_mod || abort_every)
+        cr_expect_gt(r[1].dropped_rows, 0, "seed %llu: no row dropped from a step in flight", (unsigned long long)seed);
+    if (!abort_every)  // an abort lands on whichever request is in the middle at that step
+        for (int i = 0; i < w.num_requests; i++) {
+            cr_expect_eq(r[0].out_len[i], r[1].out_len[i], "seed %llu, request %d: %d tokens sync, %d async",
+                         (unsigned long long)seed, i, r[0].out_len[i], r[1].out_len[i]);
+            cr_expect_eq(r[0].reason[i], r[1].reason[i], "seed %llu, request %d", (unsigned long long)seed, i);
+        }
+    sim_free_result(&r[0]);
+    sim_free_result(&r[1]);
+    sim_free_requests(reqs, w.num_requests);
+}
+
+Test(scheduler_async, all_at_once_same_outputs) {
+    scheduler_config_t c = config(16, 400, 16, 256, 512);
+    workload_t w = {16, 1, 100, 1, 120, 0, 0.0};
+    async_vs_sync(40, c, w, 0, 0, 0.8);
+}
+
+Test(scheduler_async, unforeseen_stops_drop_rows) {
+    scheduler_config_t c = config(8, 300, 12, 96, 512);
+    workload_t w = {80, 1, 80, 1, 150, 20, 0.5};
+    for (uint64_t seed = 41; seed <= 43; seed++) async_vs_sync(seed, c, w, 37, 0, 0.1);
+}
+
+Test(scheduler_async, small_cache_preemption_and_aborts) {
+    scheduler_config_t c = config(16, 96, 16, 128, 512);
+    workload_t w = {120, 1, 300, 1, 200, 0, 2.0};
+    for (uint64_t seed = 44; seed <= 45; seed++) async_vs_sync(seed, c, w, 53, 7, 0.03);
+    c = config(3, 150, 8, 24, 256);
+    c.enable_prefix_caching = 0;
+    w = (workload_t){80, 1, 120, 1, 100, 30, 1.0};
+    async_vs_sync(46, c, w, 0, 5, 0.03);
+}
+
+Test(scheduler_async, misuse_is_an_error) {
+    scheduler_t s;
+    cr_assert_eq(scheduler_init(&s, &(scheduler_config_t){.max_num_seqs = 4, .max_num_batched_tokens = 16,
+                                                           .max_model_len = 64, .block_size = 4, .num_blocks = 32,
+                                                           .enable_prefix_caching = 1}),
+                 0);
+    const sched_step_t *ah;
+    cr_expect_eq(scheduler_schedule_ahead(&s, &ah), -1, "nothing in flight");
+    int64_t id = add(&s, 6, 100, 5);
+    const sched_step_t *st = schedule(&s);
+    cr_expect_eq(scheduler_schedule_ahead(&s, &ah), 1, "a prefill step is not planned after");
+    postprocess(&s, st);
+    st = schedule(&s);  // a decode step
+    cr_assert_eq(scheduler_schedule_ahead(&s, &ah), 0, "%s", mv_last_error());
+    cr_expect_eq(ah->num_seqs, 1);
+    cr_expect_eq(ah->positions[0], 7);
+    cr_expect_eq(ah->input_from[0], 0);
+    const sched_step_t *again;
+    cr_expect_eq(scheduler_schedule_ahead(&s, &again), -1, "planned twice");
+    cr_expect_eq(scheduler_abort(&s, id), -1, "abort while a step is planned ahead");
+    postprocess(&s, st);
+    cr_expect_eq(s.step_in_flight, 1, "the step planned ahead is in flight");
+    cr_expect_eq(scheduler_check_step(&s, ah), 0, "%s", mv_last_error());
+    cr_expect_eq(ah->input_ids[0], s.running[0]->tokens[7]);
+    cr_expect_eq(scheduler_abort(&s, id), 0, "abort with a decode step in flight: %s", mv_last_error());
+    cr_expect_eq(ah->num_seqs, 0, "its row dropped");
+    cr_expect_eq(scheduler_postprocess(&s, NULL), 0);
+    cr_expect_eq(s.step_in_flight, 0);
+    cr_expect_eq(scheduler_check_invariants(&s), 0, "%s", mv_last_error());
+    scheduler_free(&s);
 }

@@ -205,7 +205,7 @@ static void run_workload(harness_t *h, mv_json_t *jw, const char *name, const wo
     rng_seed(&rng, h->seed ^ (uint64_t)(unsigned char)name[0]);
     sim_request_t *reqs = sim_make_requests(&rng, w);
     if (!reqs) mv_die_at(__FILE__, __LINE__, "sim_make_requests", mv_last_error());
-    sim_options_t opt = {1, 200000};
+    sim_options_t opt = {.check_every_step = 1, .max_steps = 200000};
     int rc = sim_run(c, reqs, w->num_requests, &opt, r);
     char detail[512];
     snprintf(detail, sizeof detail, "%ld steps, %d requests%s%s", r->steps, w->num_requests,
@@ -226,6 +226,56 @@ static void run_workload(harness_t *h, mv_json_t *jw, const char *name, const wo
     }
     mvj_set(jw, name, result_json(r, c));
     *reqs_out = reqs;
+}
+
+// ---- asynchronous scheduling ----------------------------------------------------------------------
+// The engine on a GPU plans step n + 1 while step n runs
+// (scheduler_schedule_ahead). The same requests with and without it, and
+// with requests that end at a token the scheduler cannot foresee (the
+// stand-in's stop: any token that is a multiple of STOP_MOD, as the engine's
+// stop ids and strings): every output must be the model's, the same in both
+// runs, and the run must plan steps ahead and drop the rows of requests that
+// ended while their next step was already running.
+#define STOP_MOD 97
+
+static void check_async(harness_t *h, mv_json_t *jw, const workload_t *w, const scheduler_config_t *c) {
+    rng_t rng;
+    rng_seed(&rng, h->seed ^ 0xa5u);
+    sim_request_t *reqs = sim_make_requests(&rng, w);
+    if (!reqs) mv_die_at(__FILE__, __LINE__, "sim_make_requests", mv_last_error());
+    sim_result_t r[2];
+    int rc[2];
+    for (int a = 0; a < 2; a++) {
+        sim_options_t opt = {.check_every_step = 1, .max_steps = 200000, .async = a, .stop_mod = STOP_MOD};
+        rc[a] = sim_run(c, reqs, w->num_requests, &opt, &r[a]);
+    }
+    int differ = 0;
+    for (int i = 0; i < w->num_requests; i++)
+        differ += r[0].out_len[i] != r[1].out_len[i] || r[0].reason[i] != r[1].reason[i];
+    char detail[512];
+    snprintf(detail, sizeof detail, "%ld steps, %ld planned ahead, %ld rows dropped%s%s", r[1].steps,
+             r[1].ahead_steps, r[1].dropped_rows, rc[1] ? ": " : "", rc[1] ? mv_last_error() : "");
+    harness_check_bool(h, "cpu", "async", "invariants, every step", rc[0] == 0 && rc[1] == 0, detail);
+    snprintf(detail, sizeof detail, "%d finished, %d wrong, %d differ from the run without", r[1].finished,
+             r[1].wrong_outputs, differ);
+    harness_check_bool(h, "cpu", "async", "outputs match the model and the run without",
+                       rc[1] == 0 && r[1].wrong_outputs == 0 && r[1].finished == w->num_requests && !differ, detail);
+    harness_check_bool(h, "cpu", "async", "steps planned ahead, rows dropped",
+                       r[1].ahead_steps > r[1].steps / 2 && r[1].dropped_rows > 0, detail);
+    if (!h->summary)
+        printf("    without: %ld steps; with: %ld steps, %ld of them planned ahead (%.0f%%), %ld rows dropped from "
+               "a step in flight\n", r[0].steps, r[1].steps, r[1].ahead_steps, 100.0 * r[1].ahead_steps / r[1].steps,
+               r[1].dropped_rows);
+    mv_json_t *ja = mvj_set_object(jw, "async");
+    mvj_set_number(ja, "num_requests", w->num_requests);
+    mvj_set_number(ja, "stop_mod", STOP_MOD);
+    mvj_set_number(ja, "steps_sync", (double)r[0].steps);
+    mvj_set_number(ja, "steps", (double)r[1].steps);
+    mvj_set_number(ja, "steps_ahead", (double)r[1].ahead_steps);
+    mvj_set_number(ja, "rows_dropped", (double)r[1].dropped_rows);
+    mvj_set_number(ja, "outputs_differ", differ);
+    for (int a = 0; a < 2; a++) sim_free_result(&r[a]);
+    sim_free_requests(reqs, w->num_requests);
 }
 
 // ---- bad requests ----------------------------------------------------------------------------------
@@ -325,6 +375,11 @@ int main(int argc, char **argv) {
     snprintf(detail, sizeof detail, "%.1f%% of admitted prompt tokens cached (expect > %.0f%%)",
              100.0 * hit_rate(&sr), 100 * expect);
     harness_check_bool(&h, "cpu", "shared-prefix", "prefix cache hits", hit_rate(&sr) > expect, detail);
+
+    harness_section(&h, "asynchronous scheduling: 256 requests at once, steps planned ahead, unforeseen stops");
+    workload_t async_w = {256, 100, 1024, 100, 1024, 0, 0.0};
+    if (h.quick) async_w.num_requests = 64;
+    check_async(&h, jw, &async_w, &c);
 
     harness_section(&h, "bad requests are rejected with a reason, the others go on");
     check_bad_requests(&h);

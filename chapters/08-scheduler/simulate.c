@@ -89,11 +89,13 @@ static int kv_read(const kv_sim_t *kv, const int32_t *row, int p, int32_t *token
 }
 
 // One forward pass: write every query token's K/V, then "attend" for the
-// sampled rows. sampled[num_sample] receives the next tokens.
-static int standin_forward(kv_sim_t *kv, const sched_step_t *st, int32_t *sampled) {
+// sampled rows. sampled[num_sample] receives the next tokens. prev: NULL, or
+// for a step planned ahead the step before's output, where each row's input
+// id comes from (input_from), as the GPU takes it from its own memory.
+static int standin_forward(kv_sim_t *kv, const sched_step_t *st, const int32_t *prev, int32_t *sampled) {
     for (int k = 0; k < st->num_tokens; k++) {
         if (st->slot_mapping[k] < 0) continue;
-        kv->kv_token[st->slot_mapping[k]] = st->input_ids[k];
+        kv->kv_token[st->slot_mapping[k]] = prev && st->planned_ahead ? prev[st->input_from[k]] : st->input_ids[k];
         kv->kv_pos[st->slot_mapping[k]] = st->positions[k];
     }
     for (int k = 0; k < st->num_sample; k++) {
@@ -132,6 +134,7 @@ static int push_series(sim_result_t *res, long *cap, int batch, int used, int to
 // A finished sequence: every generated token must be the reference's.
 static void verify_output(sim_result_t *res, const sequence_t *q, int req) {
     res->finished++;
+    res->aborted += q->finish_reason == FINISH_ABORTED;
     res->out_len[req] = sequence_num_generated(q);
     res->reason[req] = q->finish_reason;
     for (int i = q->num_prompt_tokens; i < q->num_tokens; i++)
@@ -141,10 +144,22 @@ static void verify_output(sim_result_t *res, const sequence_t *q, int req) {
         }
 }
 
+// Pop and check every finished sequence.
+static void drain_finished(scheduler_t *s, sim_result_t *res, const int *id_to_req) {
+    for (sequence_t *q; (q = scheduler_pop_finished(s));) {
+        verify_output(res, q, id_to_req[q->id]);
+        sequence_free(q);
+    }
+}
+
+// out[2][max_num_seqs]: the "GPU's" output of the step in flight and of
+// the one planned ahead (the runner's ids, in the order it was given the rows).
 static int run_loop(scheduler_t *s, kv_sim_t *kv, const sim_request_t *reqs, int n,
-                    const sim_options_t *opt, sim_result_t *res, int *id_to_req, int32_t *sampled) {
+                    const sim_options_t *opt, sim_result_t *res, int *id_to_req, int32_t *out[2],
+                    int32_t *sampled) {
     long now = 0, cap = 0;
-    int next = 0;
+    int next = 0, slot = 0;
+    const sched_step_t *st = NULL;  // in flight: run, not postprocessed
     for (;;) {
         for (; next < n && reqs[next].arrival_step <= now; next++) {
             int64_t id;
@@ -155,31 +170,61 @@ static int run_loop(scheduler_t *s, kv_sim_t *kv, const sim_request_t *reqs, int
             }
             id_to_req[id] = next;
         }
-        if (scheduler_num_unfinished(s) == 0) {
-            if (next == n) return 0;
-            now = reqs[next].arrival_step;  // idle until the next arrival
-            continue;
+        if (!st) {
+            if (scheduler_num_unfinished(s) == 0) {
+                if (next == n) return 0;
+                now = reqs[next].arrival_step;  // idle until the next arrival
+                continue;
+            }
+            if (scheduler_schedule(s, &st)) return -1;
+            if (st->num_seqs == 0)
+                return mv_error("step %ld: %d sequences wait but nothing was scheduled", res->steps,
+                                scheduler_num_unfinished(s));
+            if (opt->check_every_step && scheduler_check_step(s, st))
+                return mv_error("step %ld: bad step: %s", res->steps, mv_last_error());
+            if (standin_forward(kv, st, NULL, out[slot])) return -1;
         }
-        const sched_step_t *st;
-        if (scheduler_schedule(s, &st)) return -1;
-        if (st->num_seqs == 0)
-            return mv_error("step %ld: %d sequences wait but nothing was scheduled", res->steps,
-                            scheduler_num_unfinished(s));
-        if (opt->check_every_step && scheduler_check_step(s, st))
-            return mv_error("step %ld: bad step: %s", res->steps, mv_last_error());
-        if (standin_forward(kv, st, sampled)) return -1;
+        // Step n + 1 planned and run before step n's ids are read.
+        const sched_step_t *ahead = NULL;
+        if (opt->async) {
+            const int rc = scheduler_schedule_ahead(s, &ahead);
+            if (rc < 0) return -1;
+            if (rc == 0) {
+                if (standin_forward(kv, ahead, out[slot], out[slot ^ 1])) return -1;
+                res->ahead_steps++;
+            }
+        }
+        for (int k = 0; k < st->num_sample; k++) {
+            sampled[k] = out[slot][st->launched_index[k]];
+            sequence_t *q = st->seqs[st->sample_rows[k]];
+            if (opt->stop_mod && sampled[k] % opt->stop_mod == 0)
+                q->params.max_tokens = sequence_num_generated(q) + 1;
+        }
         int batch = st->num_seqs, tokens = st->num_tokens;
         if (batch > res->max_batch) res->max_batch = batch;
+        const int ahead_rows = ahead ? ahead->num_seqs : 0;
         if (scheduler_postprocess(s, sampled)) return -1;
+        if (ahead) res->dropped_rows += ahead_rows - ahead->num_seqs;
         if (opt->check_every_step && scheduler_check_invariants(s))
             return mv_error("step %ld: invariant broken: %s", res->steps, mv_last_error());
+        // The step planned ahead is whole now (its input ids are in).
+        if (opt->check_every_step && ahead && scheduler_check_step(s, ahead))
+            return mv_error("step %ld: bad step planned ahead: %s", res->steps + 1, mv_last_error());
         int used = s->bm.num_blocks - s->bm.num_free;
         if (used > res->peak_blocks_used) res->peak_blocks_used = used;
         if (push_series(res, &cap, batch, used, tokens)) return -1;
         res->tokens += tokens;
-        for (sequence_t *q; (q = scheduler_pop_finished(s));) {
-            verify_output(res, q, id_to_req[q->id]);
-            sequence_free(q);
+        drain_finished(s, res, id_to_req);
+        if (ahead) slot ^= 1;
+        st = ahead;
+        if (opt->abort_every && res->steps % opt->abort_every == 0 && s->num_running > 0) {
+            const int64_t id = s->running[s->num_running / 2]->id;
+            const int rows = st ? st->num_seqs : 0;
+            if (scheduler_abort(s, id) != 0) return mv_error("step %ld: abort of %lld: %s", res->steps, (long long)id, mv_last_error());
+            if (st) res->dropped_rows += rows - st->num_seqs;
+            if (opt->check_every_step && scheduler_check_invariants(s))
+                return mv_error("step %ld: invariant broken by an abort: %s", res->steps, mv_last_error());
+            drain_finished(s, res, id_to_req);
         }
         if (res->steps > opt->max_steps)
             return mv_error("no end after %ld steps (%d sequences left)", res->steps,
@@ -199,16 +244,18 @@ int sim_run(const scheduler_config_t *cfg, const sim_request_t *reqs, int n,
     kv_sim_t kv = {malloc(slots * sizeof(int32_t)), malloc(slots * sizeof(int32_t)), cfg->block_size};
     int *id_to_req = malloc((size_t)(n + 1) * sizeof(int));
     int32_t *sampled = malloc((size_t)cfg->max_num_seqs * sizeof(int32_t));
+    int32_t *out[2] = {malloc((size_t)cfg->max_num_seqs * sizeof(int32_t)),
+                       malloc((size_t)cfg->max_num_seqs * sizeof(int32_t))};
     res->out_len = malloc((size_t)(n + 1) * sizeof(int));
     res->reason = calloc((size_t)(n + 1), sizeof(finish_reason_t));
     int rc = -1;
-    if (!kv.kv_token || !kv.kv_pos || !id_to_req || !sampled || !res->out_len || !res->reason) {
+    if (!kv.kv_token || !kv.kv_pos || !id_to_req || !sampled || !out[0] || !out[1] || !res->out_len || !res->reason) {
         mv_error("sim_run: out of memory");
     } else {
         // Never-written slots read as position -1, which no read expects.
         memset(kv.kv_pos, 0xff, slots * sizeof(int32_t));
         for (int i = 0; i < n; i++) res->out_len[i] = -1;
-        rc = run_loop(&s, &kv, reqs, n, opt, res, id_to_req, sampled);
+        rc = run_loop(&s, &kv, reqs, n, opt, res, id_to_req, out, sampled);
     }
     res->preemptions = s.num_preemptions;
     res->prompt_tokens_admitted = s.num_prompt_tokens_admitted;
@@ -225,6 +272,8 @@ int sim_run(const scheduler_config_t *cfg, const sim_request_t *reqs, int n,
     free(kv.kv_pos);
     free(id_to_req);
     free(sampled);
+    free(out[0]);
+    free(out[1]);
     return rc;
 }
 

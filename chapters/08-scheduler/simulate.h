@@ -58,6 +58,18 @@ int32_t standin_next_token(const int32_t *tokens, int n);
 typedef struct {
     int check_every_step;         // 1: invariants and step checks after every step
     long max_steps;               // give up (an error) past this many steps
+    // Asynchronous scheduling, as the engine drives it on a GPU: while step n
+    // "runs", step n + 1 is planned ahead (scheduler_schedule_ahead) and run
+    // with its input ids taken from step n's output, before step n is
+    // postprocessed. The outputs must be the same as without.
+    int async;
+    // A request whose sampled token is a multiple of stop_mod ends with it,
+    // as the engine ends one at a stop id or stop string (max_tokens cut
+    // before postprocess): an end the scheduler cannot see coming. 0: off.
+    int stop_mod;
+    // Every abort_every steps, the middle running request is aborted
+    // (between steps: with async, while the step planned ahead runs). 0: off.
+    int abort_every;
 } sim_options_t;
 
 typedef struct {
@@ -66,7 +78,9 @@ typedef struct {
     long long preemptions;
     long long prompt_tokens_admitted, cached_tokens_admitted;  // prefix-cache hit rate
     long long evictions;
-    int finished, rejected, wrong_outputs;
+    int finished, rejected, aborted, wrong_outputs;
+    long ahead_steps;             // async: steps planned ahead
+    long dropped_rows;            // async: rows dropped from a step in flight (an end it could not see)
     int first_wrong;              // request index of the first wrong output, -1 if none
     int max_batch;                // most rows in one step
     int peak_blocks_used;

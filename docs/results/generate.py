@@ -253,6 +253,14 @@ def render_scheduler(d):
         out += ["", f"Static batching of the random workload: **{s['steps']} steps** against "
                 f"**{w['random']['steps']}** for continuous batching ({s['mean_decode_rows']:.1f} busy rows "
                 f"in an average decode step)."]
+    a = w.get("async")
+    if a:
+        out += ["", f"Asynchronous scheduling (`scheduler_schedule_ahead`), {a['num_requests']} requests at once, "
+                f"each ending also at any token that is a multiple of {a['stop_mod']} (a stop the scheduler cannot "
+                f"foresee): **{a['steps_ahead']} of {a['steps']} steps planned ahead** "
+                f"({100 * a['steps_ahead'] / a['steps']:.0f}%; {a['steps_sync']} steps without), "
+                f"{a['rows_dropped']} rows dropped from a step in flight, "
+                f"{a['outputs_differ']} outputs different from the run without."]
     return "\n".join(out) + "\n"
 
 
@@ -438,7 +446,10 @@ def render_engine_workload(ds):
             f"{d0['weight_bytes'] / 1e9:.2f} GB of weights and the live rows' KV cache, "
             f"{kv_bytes_per_token(c):,} bytes a token, at the {ceil[0]:,.0f} GB/s copy bandwidth), both measured by "
             f"chapter 01 on {ceil[1]}. *host us / step*: the engine's own host work per step (scheduling, "
-            "building the step, postprocessing), which does not yet overlap the GPU's."]
+            "building the step, postprocessing), " +
+            ("which overlaps the GPU's work in the steps planned ahead (asynchronous scheduling, section 4)."
+             if d0.get("async_scheduling") else
+             "which did not overlap the GPU's in these runs (they predate asynchronous scheduling, section 4).")]
     return "\n".join(out) + "\n"
 
 

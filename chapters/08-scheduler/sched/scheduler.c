@@ -35,47 +35,29 @@ static int check_config(const scheduler_config_t *c) {
     return 0;
 }
 
-int scheduler_init(scheduler_t *s, const scheduler_config_t *cfg) {
-    memset(s, 0, sizeof *s);
-    if (check_config(cfg)) return -1;
-    if (bm_init(&s->bm, cfg->num_blocks, cfg->block_size, cfg->enable_prefix_caching)) return -1;
-    s->cfg = *cfg;
-    sched_step_t *st = &s->step;
-    int rows = cfg->max_num_seqs, toks = cfg->max_num_batched_tokens;
-    st->max_blocks_per_seq = blocks_for_tokens(cfg->max_model_len, cfg->block_size);
-    s->cap_waiting = s->cap_finished = 64;
-    s->waiting = malloc((size_t)s->cap_waiting * sizeof(sequence_t *));
-    s->finished = malloc((size_t)s->cap_finished * sizeof(sequence_t *));
-    s->running = malloc((size_t)rows * sizeof(sequence_t *));
+static int step_alloc(sched_step_t *st, int rows, int toks, int max_blocks_per_seq) {
+    st->max_blocks_per_seq = max_blocks_per_seq;
     st->input_ids = malloc((size_t)toks * sizeof(int32_t));
     st->positions = malloc((size_t)toks * sizeof(int32_t));
     st->slot_mapping = malloc((size_t)toks * sizeof(int32_t));
     st->cu_seqlens_q = malloc((size_t)(rows + 1) * sizeof(int32_t));
     st->cu_seqlens_k = malloc((size_t)(rows + 1) * sizeof(int32_t));
-    st->block_tables = malloc((size_t)rows * st->max_blocks_per_seq * sizeof(int32_t));
+    st->block_tables = malloc((size_t)rows * max_blocks_per_seq * sizeof(int32_t));
     st->context_lens = malloc((size_t)rows * sizeof(int32_t));
     st->sample_rows = malloc((size_t)rows * sizeof(int32_t));
     st->sample_token_index = malloc((size_t)rows * sizeof(int32_t));
     st->seqs = malloc((size_t)rows * sizeof(sequence_t *));
-    s->prefix_hits = malloc((size_t)st->max_blocks_per_seq * sizeof(int32_t));
-    if (!s->prefix_hits || !s->waiting || !s->finished || !s->running || !st->input_ids || !st->positions ||
-        !st->slot_mapping || !st->cu_seqlens_q || !st->cu_seqlens_k || !st->block_tables ||
-        !st->context_lens || !st->sample_rows || !st->sample_token_index || !st->seqs) {
-        scheduler_free(s);
-        return mv_error("scheduler_init: out of memory");
-    }
+    st->input_from = malloc((size_t)rows * sizeof(int32_t));
+    st->launched_index = malloc((size_t)rows * sizeof(int32_t));
+    if (!st->input_ids || !st->positions || !st->slot_mapping || !st->cu_seqlens_q || !st->cu_seqlens_k ||
+        !st->block_tables || !st->context_lens || !st->sample_rows || !st->sample_token_index || !st->seqs ||
+        !st->input_from || !st->launched_index)
+        return -1;
     st->cu_seqlens_q[0] = st->cu_seqlens_k[0] = 0;
     return 0;
 }
 
-void scheduler_free(scheduler_t *s) {
-    for (int i = 0; i < s->num_waiting; i++) sequence_free(s->waiting[i]);
-    for (int i = 0; i < s->num_running; i++) sequence_free(s->running[i]);
-    for (int i = 0; i < s->num_finished; i++) sequence_free(s->finished[i]);
-    free(s->waiting);
-    free(s->running);
-    free(s->finished);
-    sched_step_t *st = &s->step;
+static void step_free(sched_step_t *st) {
     free(st->input_ids);
     free(st->positions);
     free(st->slot_mapping);
@@ -86,6 +68,40 @@ void scheduler_free(scheduler_t *s) {
     free(st->sample_rows);
     free(st->sample_token_index);
     free(st->seqs);
+    free(st->input_from);
+    free(st->launched_index);
+}
+
+int scheduler_init(scheduler_t *s, const scheduler_config_t *cfg) {
+    memset(s, 0, sizeof *s);
+    if (check_config(cfg)) return -1;
+    if (bm_init(&s->bm, cfg->num_blocks, cfg->block_size, cfg->enable_prefix_caching)) return -1;
+    s->cfg = *cfg;
+    int rows = cfg->max_num_seqs, toks = cfg->max_num_batched_tokens;
+    const int max_blocks_per_seq = blocks_for_tokens(cfg->max_model_len, cfg->block_size);
+    s->cap_waiting = s->cap_finished = 64;
+    s->waiting = malloc((size_t)s->cap_waiting * sizeof(sequence_t *));
+    s->finished = malloc((size_t)s->cap_finished * sizeof(sequence_t *));
+    s->running = malloc((size_t)rows * sizeof(sequence_t *));
+    s->prefix_hits = malloc((size_t)max_blocks_per_seq * sizeof(int32_t));
+    if (!s->prefix_hits || !s->waiting || !s->finished || !s->running ||
+        step_alloc(&s->steps[0], rows, toks, max_blocks_per_seq) ||
+        step_alloc(&s->steps[1], rows, toks, max_blocks_per_seq)) {
+        scheduler_free(s);
+        return mv_error("scheduler_init: out of memory");
+    }
+    return 0;
+}
+
+void scheduler_free(scheduler_t *s) {
+    for (int i = 0; i < s->num_waiting; i++) sequence_free(s->waiting[i]);
+    for (int i = 0; i < s->num_running; i++) sequence_free(s->running[i]);
+    for (int i = 0; i < s->num_finished; i++) sequence_free(s->finished[i]);
+    free(s->waiting);
+    free(s->running);
+    free(s->finished);
+    step_free(&s->steps[0]);
+    step_free(&s->steps[1]);
     free(s->prefix_hits);
     bm_free(&s->bm);
     memset(s, 0, sizeof *s);
@@ -180,8 +196,42 @@ static void remove_at(sequence_t **arr, int *n, int i) {
     (*n)--;
 }
 
+// A decode step: every row one query token, every row sampled, in row order.
+static int is_decode(const sched_step_t *st) {
+    return st->num_tokens == st->num_seqs && st->num_sample == st->num_seqs;
+}
+
+// Drop the rows of a decode step whose seqs[r] was set to NULL: the rest
+// move up in order, with their launched_index (the runner's row order).
+static void drop_rows(sched_step_t *st) {
+    const int W = st->max_blocks_per_seq;
+    int w = 0;
+    st->max_seqlen_k = 0;
+    for (int r = 0; r < st->num_seqs; r++) {
+        if (!st->seqs[r]) continue;
+        st->input_ids[w] = st->input_ids[r];
+        st->positions[w] = st->positions[r];
+        st->slot_mapping[w] = st->slot_mapping[r];
+        st->context_lens[w] = st->context_lens[r];
+        if (w != r) memcpy(st->block_tables + (size_t)w * W, st->block_tables + (size_t)r * W, (size_t)W * sizeof(int32_t));
+        st->seqs[w] = st->seqs[r];
+        st->input_from[w] = st->input_from[r];
+        st->launched_index[w] = st->launched_index[r];
+        st->sample_rows[w] = st->sample_token_index[w] = w;
+        st->cu_seqlens_q[w + 1] = w + 1;
+        st->cu_seqlens_k[w + 1] = st->cu_seqlens_k[w] + st->context_lens[w];
+        if (st->context_lens[w] > st->max_seqlen_k) st->max_seqlen_k = st->context_lens[w];
+        w++;
+    }
+    st->num_seqs = st->num_tokens = st->num_sample = w;
+    st->max_seqlen_q = w > 0;
+}
+
 int scheduler_abort(scheduler_t *s, int64_t id) {
-    if (s->step_in_flight) return mv_error("scheduler_abort: a step is in flight (abort between steps)");
+    sched_step_t *st = &s->steps[s->cur];
+    if (s->ahead_planned || (s->step_in_flight && !is_decode(st)))
+        return mv_error("scheduler_abort: a step is %s (abort between steps)",
+                        s->ahead_planned ? "planned ahead" : "in flight");
     // Room in the finished list first, so that a failure leaves everything as it was.
     if (reserve(&s->finished, &s->cap_finished, s->num_finished + 1)) return -1;
     sequence_t *q = NULL;
@@ -189,6 +239,15 @@ int scheduler_abort(scheduler_t *s, int64_t id) {
         if (s->running[i]->id == id) {
             q = s->running[i];
             remove_at(s->running, &s->num_running, i);
+            // Its row in the decode step in flight goes (the GPU still
+            // writes that row's K/V into its blocks; they are reused only
+            // by a step queued after this one).
+            for (int r = 0; s->step_in_flight && r < st->num_seqs; r++)
+                if (st->seqs[r] == q) {
+                    st->seqs[r] = NULL;
+                    drop_rows(st);
+                    break;
+                }
             bm_release(&s->bm, q);
         }
     for (int i = 0; i < s->num_waiting && !q; i++)
@@ -220,7 +279,7 @@ sequence_t *scheduler_pop_finished(scheduler_t *s) {
 // a layer's K/V for the whole batch before that layer's attention reads it,
 // so even a sequence admitted later in this same step may reuse them.
 static void step_add_row(scheduler_t *s, sequence_t *q, int n_new, int admitted) {
-    sched_step_t *st = &s->step;
+    sched_step_t *st = &s->steps[s->cur];
     int bs = s->cfg.block_size, r = st->num_seqs++;
     int start = q->num_computed_tokens, end = start + n_new;
     for (int t = 0; t < n_new; t++) {
@@ -250,6 +309,7 @@ static void step_add_row(scheduler_t *s, sequence_t *q, int n_new, int admitted)
         st->num_sample++;
     }
     st->seqs[r] = q;
+    st->input_from[r] = -1;
     q->num_computed_tokens = end;
     bm_commit_full_blocks(&s->bm, q, end);
 }
@@ -268,7 +328,7 @@ static int preempt_last(scheduler_t *s) {
     s->waiting[0] = q;
     s->num_waiting++;
     s->num_preemptions++;
-    s->step.num_preempted++;
+    s->steps[s->cur].num_preempted++;
     return 0;
 }
 
@@ -315,7 +375,7 @@ static int schedule_waiting(scheduler_t *s, int budget) {
         s->num_cached_tokens_admitted += q->num_cached_tokens;
         int n_new = min_int(q->num_tokens - q->num_computed_tokens, budget);
         step_add_row(s, q, n_new, 1);
-        s->step.num_admitted++;
+        s->steps[s->cur].num_admitted++;
         budget -= n_new;
     }
     return budget;
@@ -324,20 +384,95 @@ static int schedule_waiting(scheduler_t *s, int budget) {
 int scheduler_schedule(scheduler_t *s, const sched_step_t **out) {
     if (s->step_in_flight)
         return mv_error("scheduler_schedule: the previous step was not postprocessed");
-    sched_step_t *st = &s->step;
+    sched_step_t *st = &s->steps[s->cur];
     st->num_seqs = st->num_tokens = st->num_sample = st->num_prefill_rows = 0;
     st->max_seqlen_q = st->max_seqlen_k = 0;
     st->num_preempted = st->num_admitted = 0;
+    st->planned_ahead = 0;
     *out = st;
     int budget = schedule_running(s, s->cfg.max_num_batched_tokens);
     if (budget < 0) return -1;
     // After a preemption the cache is full: admitting now would only
     // preempt again next step.
     if (st->num_preempted == 0 && schedule_waiting(s, budget) < 0) return -1;
+    st->num_launched_sample = st->num_sample;
+    for (int k = 0; k < st->num_sample; k++) st->launched_index[k] = k;
     if (st->num_seqs == 0) return 0;
     s->step_in_flight = 1;
     s->num_steps++;
     s->num_tokens_scheduled += st->num_tokens;
+    return 0;
+}
+
+// Does step n, now running, end q by length whatever it samples? (The
+// finish rules of finish_reason below that do not depend on the token.)
+static int ends_by_length(const scheduler_config_t *c, const sequence_t *q) {
+    return sequence_num_generated(q) + 1 >= q->params.max_tokens || q->num_tokens + 1 >= c->max_model_len;
+}
+
+int scheduler_schedule_ahead(scheduler_t *s, const sched_step_t **out) {
+    *out = NULL;
+    if (!s->step_in_flight) return mv_error("scheduler_schedule_ahead: no step is in flight to plan after");
+    if (s->ahead_planned) return mv_error("scheduler_schedule_ahead: a step is planned ahead already");
+    const sched_step_t *now = &s->steps[s->cur];
+    if (!is_decode(now) || now->num_seqs == 0) return 1;
+    const int bs = s->cfg.block_size;
+    int need = 0, rows = 0;
+    for (int r = 0; r < now->num_seqs; r++) {
+        const sequence_t *q = now->seqs[r];
+        if (ends_by_length(&s->cfg, q)) continue;
+        // The token step n samples sits at position num_tokens: its K/V needs a slot.
+        need += blocks_for_tokens(q->num_tokens + 1, bs) - q->num_blocks;
+        rows++;
+    }
+    // Blocks short: scheduler_schedule may preempt (or find them freed by
+    // the sequences step n ends); leave it to the usual path.
+    if (rows == 0 || need > s->bm.num_free) return 1;
+    // A request waits: scheduler_schedule would admit it next step unless
+    // every row goes on and the head of the queue has no room (a row, the
+    // token budget, or its blocks). Only then is the step planned ahead the
+    // one it would plan (an unforeseen end of step n admits it a step later).
+    if (s->num_waiting > 0) {
+        if (rows < now->num_seqs) return 1;
+        if (s->num_running < s->cfg.max_num_seqs && rows < s->cfg.max_num_batched_tokens) {
+            sequence_t *head = s->waiting[0];
+            const int n_hits = bm_match_prefix(&s->bm, head, s->prefix_hits, head->max_blocks);
+            if (bm_admit_cost(&s->bm, head, s->prefix_hits, n_hits) <= s->bm.num_free - need) return 1;
+        }
+    }
+    sched_step_t *st = &s->steps[s->cur ^ 1];
+    st->num_seqs = st->num_tokens = st->num_sample = st->num_prefill_rows = 0;
+    st->max_seqlen_k = 0;
+    st->max_seqlen_q = 1;
+    st->num_preempted = st->num_admitted = 0;
+    st->planned_ahead = 1;
+    for (int r = 0; r < now->num_seqs; r++) {
+        sequence_t *q = now->seqs[r];
+        if (ends_by_length(&s->cfg, q)) continue;
+        const int p = q->num_tokens, w = st->num_seqs++;
+        if (bm_append(&s->bm, q, p + 1)) return -1;  // cannot fail: counted above
+        st->input_ids[w] = 0;  // step n's token: filled in by its postprocess
+        st->input_from[w] = now->launched_index[r];  // the runner's index of row r's id (sample index = row)
+        st->positions[w] = p;
+        st->slot_mapping[w] = q->block_table[p / bs] * bs + p % bs;
+        st->context_lens[w] = p + 1;
+        st->cu_seqlens_q[w + 1] = w + 1;
+        st->cu_seqlens_k[w + 1] = st->cu_seqlens_k[w] + p + 1;
+        int32_t *row = st->block_tables + (size_t)w * st->max_blocks_per_seq;
+        memcpy(row, q->block_table, (size_t)q->num_blocks * sizeof(int32_t));
+        for (int j = q->num_blocks; j < st->max_blocks_per_seq; j++) row[j] = -1;
+        if (p + 1 > st->max_seqlen_k) st->max_seqlen_k = p + 1;
+        st->sample_rows[w] = st->sample_token_index[w] = st->launched_index[w] = w;
+        st->seqs[w] = q;
+        // As step_add_row: counted as computed from here on. Its full blocks
+        // are hashed by step n's postprocess, once the token is known.
+        q->num_computed_tokens = p + 1;
+    }
+    st->num_tokens = st->num_sample = st->num_launched_sample = st->num_seqs;
+    s->ahead_planned = 1;
+    s->num_steps++;
+    s->num_tokens_scheduled += st->num_tokens;
+    *out = st;
     return 0;
 }
 
@@ -360,12 +495,29 @@ static finish_reason_t finish_reason(const scheduler_config_t *c, const sequence
 int scheduler_postprocess(scheduler_t *s, const int32_t *sampled) {
     if (!s->step_in_flight)
         return mv_error("scheduler_postprocess: no step is in flight");
-    sched_step_t *st = &s->step;
+    sched_step_t *st = &s->steps[s->cur];
     for (int k = 0; k < st->num_sample; k++) {
         sequence_t *q = st->seqs[st->sample_rows[k]];
         if (sequence_append(q, sampled[k])) return -1;
         q->finish_reason = finish_reason(&s->cfg, q);
         if (q->finish_reason != FINISH_NONE) q->status = SEQ_FINISHED;
+    }
+    // The step planned ahead: its input ids are known now, its full blocks
+    // can be hashed, and the rows of sequences that just ended go.
+    if (s->ahead_planned) {
+        sched_step_t *ah = &s->steps[s->cur ^ 1];
+        int dropped = 0;
+        for (int r = 0; r < ah->num_seqs; r++) {
+            sequence_t *q = ah->seqs[r];
+            if (q->status == SEQ_FINISHED) {
+                ah->seqs[r] = NULL;
+                dropped = 1;
+                continue;
+            }
+            ah->input_ids[r] = q->tokens[q->num_tokens - 1];
+            bm_commit_full_blocks(&s->bm, q, q->num_computed_tokens);
+        }
+        if (dropped) drop_rows(ah);
     }
     // Drop the finished from the running list, keeping admission order.
     int kept = 0;
@@ -380,7 +532,12 @@ int scheduler_postprocess(scheduler_t *s, const int32_t *sampled) {
         s->finished[s->num_finished++] = q;
     }
     s->num_running = kept;
-    s->step_in_flight = 0;
+    if (s->ahead_planned) {
+        s->cur ^= 1;  // the step planned ahead is the one in flight now
+        s->ahead_planned = 0;
+    } else {
+        s->step_in_flight = 0;
+    }
     return 0;
 }
 
@@ -392,7 +549,10 @@ static int check_running_seq(const scheduler_t *s, const sequence_t *q, int32_t 
     int bs = s->cfg.block_size;
     long long id = (long long)q->id;
     if (q->status != SEQ_RUNNING) return mv_error("sequence %lld is in the running list but %s", id, seq_status_name(q->status));
-    if (q->num_computed_tokens < 0 || q->num_computed_tokens >= q->num_tokens)
+    // Between steps the last token is not computed yet; while a step
+    // planned ahead is in flight, it is (that step computes it).
+    const int ahead = s->step_in_flight && s->steps[s->cur].planned_ahead;
+    if (q->num_computed_tokens < 0 || q->num_computed_tokens > q->num_tokens - !ahead)
         return mv_error("sequence %lld: %d computed of %d tokens (must leave the last one)", id,
                         q->num_computed_tokens, q->num_tokens);
     // Blocks for every token but the newest sampled one (the next step adds
@@ -484,8 +644,11 @@ static int check_row(const scheduler_t *s, const sched_step_t *st, int r, uint8_
         int32_t b = row[p / bs];
         if (slot != b * bs + p % bs) return mv_error("step row %d: position %d -> slot %d, expected %d", r, p, slot, b * bs + p % bs);
         // Writing into a block that another sequence also holds would change
-        // that sequence's cached K/V.
-        if (s->bm.blocks[b].ref_count != 1)
+        // that sequence's cached K/V, unless this row fills the block in this
+        // step and the other took it from the prefix cache in the same step
+        // (admitted after this row: step_add_row registers a block once
+        // it is full): then both hold the same tokens' K/V, written now.
+        if (s->bm.blocks[b].ref_count != 1 && p / bs >= ctx / bs)
             return mv_error("step row %d writes into shared block %d (reference count %d)", r, b,
                             s->bm.blocks[b].ref_count);
         if (written[slot]++) return mv_error("slot %d is written twice in one step", slot);

@@ -81,6 +81,15 @@ typedef struct {
     // what happened while scheduling (for statistics)
     int num_preempted;         // sequences preempted during this step
     int num_admitted;          // waiting sequences admitted during this step
+
+    // Asynchronous scheduling (scheduler_schedule_ahead):
+    int planned_ahead;         // 1: planned while the step before it was still running
+    int32_t *input_from;       // [num_seqs] planned ahead: row r's input id is the token the step
+                               //   before sampled at its sample index input_from[r]; input_ids[r]
+                               //   holds it once that step is postprocessed
+    int num_launched_sample;   // sampled rows when the step was planned: what the model runner
+                               //   was given and returns ids for (rows dropped later do not change it)
+    int32_t *launched_index;   // [num_sample] each sampled row's index among those
 } sched_step_t;
 
 // Why a request was rejected.
@@ -104,9 +113,12 @@ typedef struct {
     int num_running;
     sequence_t **finished;     // [cap_finished] finished, not yet taken by the caller
     int num_finished, cap_finished;
-    sched_step_t step;         // the last scheduled step (arrays sized for the worst case)
+    sched_step_t steps[2];     // the step in flight and the one planned ahead of it (arrays sized
+                               // for the worst case)
+    int cur;                   // steps[cur]: the last scheduled step, or the one in flight
     int32_t *prefix_hits;      // [max_blocks_per_seq] scratch: cached blocks of the next admission
     int step_in_flight;        // 1 between schedule and postprocess
+    int ahead_planned;         // 1 while steps[cur ^ 1] is planned ahead of steps[cur]
     int64_t next_id;
     // statistics
     long long num_steps, num_preemptions, num_rejected, num_aborted;
@@ -132,8 +144,13 @@ int scheduler_add_request_user(scheduler_t *s, const int32_t *prompt, int n, con
 // stay in the prefix cache, unreferenced, as a finished one's do), a
 // waiting one leaves the queue. It joins the finished list with
 // FINISH_ABORTED and the tokens it had, for scheduler_pop_finished.
+// While a decode step is in flight (asynchronous scheduling: the step
+// planned ahead runs while the caller handles the one before), the
+// request's row is dropped from that step: the runner still computes it,
+// and its id is not wanted (launched_index maps the rest).
 // 0 when aborted, 1 when no unfinished request has that id (it finished
-// already), -1 with mv_error() while a step is in flight.
+// already), -1 with mv_error() while a step that is not a decode step is in
+// flight, or while a step is planned ahead.
 int scheduler_abort(scheduler_t *s, int64_t id);
 
 // Plan the next step. *out points at the scheduler's step; num_seqs is 0
@@ -143,8 +160,31 @@ int scheduler_schedule(scheduler_t *s, const sched_step_t **out);
 
 // Feed back the sampled tokens of the last step: sampled[k] is the token of
 // row step->sample_rows[k], k < num_sample. Appends them, finishes sequences
-// (eos, max_tokens, max_model_len) and frees their blocks.
+// (eos, max_tokens, max_model_len) and frees their blocks. When a step was
+// planned ahead, it becomes the step in flight: its input ids are filled
+// in, its rows whose sequence just finished are dropped (the runner's ids
+// for them are not wanted), and step_in_flight stays 1.
 int scheduler_postprocess(scheduler_t *s, const int32_t *sampled);
+
+// Asynchronous scheduling (vLLM's --async-scheduling, SGLang's overlap
+// scheduler): plan step n + 1 while step n is still running, so that the
+// model runner can queue it behind step n on the GPU before step n's ids
+// reach the host, and the GPU does not wait for the host between steps.
+// Step n + 1 is the step scheduler_schedule would plan after step n if
+// every sequence of it went on: each row decodes the token step n is
+// sampling, whose id the runner takes from its own output of step n
+// (input_from); rows whose sequence step n ends by length (max_tokens,
+// max_model_len) are left out. Step n must be in flight and a decode step
+// (every row one token, sampled), nothing may wait (an admission would
+// change the step), and the new tokens' blocks must be free without a
+// preemption. When a row's sequence does end at step n after all (an eos,
+// a stop the caller applied before postprocess, an abort), its row is
+// dropped when step n is postprocessed: the runner computed one token
+// nobody reads, into the sequence's own block, which is freed only then.
+// 0 with *out = the step; 1 when the step cannot be planned ahead now
+// (nothing changed: postprocess step n and schedule as usual); -1 with
+// mv_error() on misuse.
+int scheduler_schedule_ahead(scheduler_t *s, const sched_step_t **out);
 
 // Sequences waiting or running.
 static inline int scheduler_num_unfinished(const scheduler_t *s) {

@@ -122,6 +122,8 @@ int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts) {
         {"--no-prefix-caching", NULL, "do not reuse the KV blocks of shared prompt prefixes", NULL, &a->no_prefix},
         {"--enforce-eager", NULL, "cuda: no CUDA graphs; decode steps launch kernel by kernel", NULL,
          &a->enforce_eager},
+        {"--no-async-scheduling", NULL, "cuda: schedule each step after the one before is done, instead of "
+                                        "queueing the next decode step while one runs", NULL, &a->no_async},
         {"--tensor-parallel-size", "N", "ranks the model is split over, one process each (cuda: one GPU "
                                         "each, over NCCL): launch with `mpirun -np N` (default 1)", &a->tp_size,
          NULL},
@@ -155,6 +157,7 @@ int cli_engine_config(const char *cmd, const cli_engine_args_t *a, engine_config
         return CLI_USAGE;
     ec->enable_prefix_caching = !a->no_prefix;
     ec->enforce_eager = a->enforce_eager;
+    ec->no_async_scheduling = a->no_async;
     if (a->device && strcmp(a->device, "cpu") && strcmp(a->device, "cuda"))
         return bad_value(cmd, "--device", a->device, "cpu or cuda");
     ec->device = !a->device ? model_runner_default_device()

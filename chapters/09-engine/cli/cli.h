@@ -55,14 +55,16 @@ int cli_parse_float(const char *cmd, const char *opt, const char *v, double lo, 
 // (generate, bench, serve, chat; inspect for its memory figures): --device,
 // --max-model-len, --max-num-seqs, --max-num-batched-tokens, --block-size,
 // --num-blocks, --kv-cache-gib, --gpu-memory-utilization, --threads,
-// --no-prefix-caching, --enforce-eager, --tensor-parallel-size (also -tp).
+// --no-prefix-caching, --enforce-eager, --no-async-scheduling,
+// --tensor-parallel-size (also -tp).
 typedef struct {
     const char *device, *max_model_len, *max_num_seqs, *max_batched, *block_size, *num_blocks, *threads, *kv_gib;
     const char *gpu_util, *tp_size;
     int no_prefix;
     int enforce_eager;
+    int no_async;
 } cli_engine_args_t;
-enum { CLI_ENGINE_N_OPTS = 13 };
+enum { CLI_ENGINE_N_OPTS = 14 };
 // Write the CLI_ENGINE_N_OPTS option entries, bound to *a, into opts[];
 // returns CLI_ENGINE_N_OPTS.
 int cli_engine_opts(cli_engine_args_t *a, cli_opt_t *opts);

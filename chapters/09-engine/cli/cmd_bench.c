@@ -173,6 +173,7 @@ typedef struct {
 typedef struct {
     double generate_s;
     double host_s, runner_s;  // the engine's own host work / inside the runner's steps (engine.h)
+    long long steps_ahead;    // steps planned ahead (asynchronous scheduling)
     long long prompt_tokens, output_tokens, steps, preemptions;
     long long unknown_tokens;  // generated ids the tokenizer does not know (0 without a tokenizer)
 } bench_rep_t;
@@ -530,6 +531,7 @@ static int time_group(const bench_t *b, engine_t *e, const engine_request_t *req
         rep->preemptions = e->num_preemptions;
         rep->host_s = e->host_s;
         rep->runner_s = e->runner_s;
+        rep->steps_ahead = e->num_steps_ahead;
         for (int i = 0; i < n; i++) {
             rep->prompt_tokens += reqs[i].num_prompt;
             rep->output_tokens += outs[i].num_tokens;
@@ -764,7 +766,8 @@ static void print_throughput(const bench_t *b) {
     printf("  %-16s %.1f (min %.1f, max %.1f)\n", "total tok/s", ts.median, ts.min, ts.max);
     printf("  %-16s p50 %.2f, p99 %.2f\n", "TTFT ms", ttft.p50, ttft.p99);
     printf("  %-16s p50 %.3f, p99 %.3f\n", "TPOT ms", tpot.p50, tpot.p99);
-    printf("  %-16s %lld steps, %lld preemptions\n", "steps", r0->steps, r0->preemptions);
+    printf("  %-16s %lld steps (%lld planned ahead), %lld preemptions\n", "steps", r0->steps, r0->steps_ahead,
+           r0->preemptions);
     if (b->has_tokenizer && r0->unknown_tokens)
         printf("  %-16s %lld generated ids the tokenizer does not know (padding rows: no text)\n", "unknown ids",
                r0->unknown_tokens);
@@ -936,6 +939,7 @@ static cJSON *reps_json(const bench_t *b, const bench_group_t *g) {
         cJSON_AddNumberToObject(o, "output_tok_s", rep_figure(x, REP_OUTPUT_TOK_S));
         cJSON_AddNumberToObject(o, "total_tok_s", rep_figure(x, REP_TOTAL_TOK_S));
         cJSON_AddNumberToObject(o, "steps", (double)x->steps);
+        cJSON_AddNumberToObject(o, "steps_ahead", (double)x->steps_ahead);
         cJSON_AddNumberToObject(o, "preemptions", (double)x->preemptions);
         cJSON_AddNumberToObject(o, "host_s", x->host_s);
         cJSON_AddNumberToObject(o, "runner_s", x->runner_s);
@@ -972,6 +976,7 @@ static void throughput_json(cJSON *o, const bench_t *b) {
     cJSON_AddItemToObject(o, "ttft_ms", pct_json(percentiles_ms(g->ttft_s, g->n_ttft)));
     cJSON_AddItemToObject(o, "tpot_ms", pct_json(percentiles_ms(g->tpot_s, g->n_tpot)));
     cJSON_AddNumberToObject(o, "steps", (double)r0->steps);
+    cJSON_AddNumberToObject(o, "steps_ahead", (double)r0->steps_ahead);
     cJSON_AddNumberToObject(o, "preemptions", (double)r0->preemptions);
     if (b->has_tokenizer) cJSON_AddNumberToObject(o, "unknown_token_ids", (double)r0->unknown_tokens);
     else cJSON_AddNullToObject(o, "unknown_token_ids");
@@ -1071,6 +1076,7 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)b->kv_cache_bytes);
     cJSON_AddNumberToObject(o, "scratch_bytes", (double)b->scratch_bytes);
     cJSON_AddBoolToObject(o, "enforce_eager", b->ec.enforce_eager);
+    cJSON_AddBoolToObject(o, "async_scheduling", !b->ec.no_async_scheduling);
     cJSON_AddNumberToObject(o, "cuda_graphs", b->num_graphs);
     cJSON_AddNumberToObject(o, "graph_capture_s", b->graph_s);
     cJSON_AddNumberToObject(o, "graph_bytes", (double)b->graph_bytes);

@@ -246,7 +246,7 @@ static int write_held_back(gen_ctx_t *c) {
 // Every "--prompt TEXT" / "--prompt=TEXT" (cli_parse keeps only the last).
 static int collect_prompts(int argc, char **argv, const char ***out) {
     static const char *const FLAGS[] = {"--chat", "--ignore-eos", "--no-prefix-caching", "--enforce-eager",
-                                        "--ordered", "--stream", "--random-weights"};
+                                        "--no-async-scheduling", "--ordered", "--stream", "--random-weights"};
     int n = 0;
     *out = calloc((size_t)argc, sizeof **out);
     for (int i = 1; *out && i < argc; i++) {

@@ -297,6 +297,13 @@ struct engine_core {
     int stop_ids_cap;
     float *logits;     // [max_num_seqs, vocab] fp32: when the host samples or reads a row (on_logits)
     int32_t *sampled;  // [max_num_seqs]
+    // Asynchronous scheduling (scheduler_schedule_ahead): on when the runner
+    // has asynchronous steps and nothing asks for logits. inflight: the step
+    // launched on the runner and not collected yet, between two calls of
+    // engine_core_step a step planned ahead; raw: the runner's ids of it.
+    int async;
+    const sched_step_t *inflight;
+    int32_t *raw;      // [max_num_seqs]
     // the sampled rows' parameters, for a runner that samples on its device
     float *temperature, *top_p;  // [max_num_seqs]
     int32_t *top_k;              // [max_num_seqs]
@@ -344,6 +351,8 @@ int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_cor
     const int host_logits = !on_device || c->hooks.on_logits;
     c->logits = host_logits ? malloc(Sm * (size_t)e->model.vocab_size * sizeof(float)) : NULL;
     c->sampled = malloc(Sm * sizeof(int32_t));
+    c->raw = malloc(Sm * sizeof(int32_t));
+    c->async = !e->cfg.no_async_scheduling && model_runner_can_launch(e->runner) && !c->hooks.on_logits;
     c->temperature = malloc(Sm * sizeof(float));
     c->top_p = malloc(Sm * sizeof(float));
     c->top_k = malloc(Sm * sizeof(int32_t));
@@ -351,7 +360,7 @@ int engine_core_create(engine_t *e, const engine_core_hooks_t *hooks, engine_cor
     c->gen_index = malloc(Sm * sizeof(int64_t));
     c->opts = malloc(Sm * sizeof *c->opts);
     c->lp = malloc(Sm * sizeof *c->lp);
-    if (!rc && ((host_logits && !c->logits) || !c->sampled || !c->temperature || !c->top_p || !c->top_k ||
+    if (!rc && ((host_logits && !c->logits) || !c->sampled || !c->raw || !c->temperature || !c->top_p || !c->top_k ||
                 !c->seed || !c->gen_index || !c->opts || !c->lp))
         rc = mv_error("engine: out of memory");
     if (rc) {
@@ -370,8 +379,13 @@ static void free_held(sequence_t **seqs, int n) {
     }
 }
 
+static int collect_inflight(engine_core_t *c);
+
 void engine_core_free(engine_core_t *c) {
     if (!c) return;
+    // A step still on the runner (a step planned ahead, or one a failed
+    // step left): wait for it, its ids unread.
+    if (c->inflight) (void)collect_inflight(c);
     free_held(c->sched.waiting, c->sched.num_waiting);
     free_held(c->sched.running, c->sched.num_running);
     free_held(c->sched.finished, c->sched.num_finished);
@@ -380,6 +394,7 @@ void engine_core_free(engine_core_t *c) {
     free(c->stop_ids);
     free(c->logits);
     free(c->sampled);
+    free(c->raw);
     free(c->temperature), free(c->top_p), free(c->top_k), free(c->seed), free(c->gen_index);
     free(c->opts), free(c->lp), free(c->opt_ids);
     free(c);
@@ -502,10 +517,12 @@ static int collect_finished(engine_core_t *c) {
     return 0;
 }
 
+static int drop_empty_inflight(engine_core_t *c);
+
 int engine_core_abort(engine_core_t *c, int64_t id) {
     int rc = scheduler_abort(&c->sched, id);
     if (rc) return rc;
-    return collect_finished(c);
+    return drop_empty_inflight(c) || collect_finished(c) ? -1 : 0;
 }
 
 int engine_core_num_unfinished(const engine_core_t *c) { return scheduler_num_unfinished(&c->sched); }
@@ -611,6 +628,26 @@ static int device_opts_row(engine_core_t *c, const sequence_t *q, int k, int *nu
     return 0;
 }
 
+// The sampled rows' parameters for a runner that samples on its device.
+// The key of a row's draw is (request seed, gen_index = tokens the request
+// had generated); ahead: st was planned before the tokens of the step before
+// it were appended (one more generated each). 1 when a row uses vLLM's other
+// options at that token (sampler_uses_options), else 0.
+static int row_params(engine_core_t *c, const sched_step_t *st, int ahead) {
+    int any_opts = 0;
+    for (int k = 0; k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        const core_req_t *r = q->user;
+        c->temperature[k] = r->params.temperature;
+        c->top_k[k] = r->params.top_k;
+        c->top_p[k] = r->params.top_p;
+        c->seed[k] = r->seed;
+        c->gen_index[k] = sequence_num_generated(q) + ahead;
+        any_opts |= sampler_uses_options(&r->params, c->gen_index[k]);
+    }
+    return any_opts;
+}
+
 // One step on a runner that samples on its device: the sampled rows'
 // parameters go with the step, ids come back (and the logits when on_logits
 // wants them). The key of a row's draw is (request seed, gen_index = tokens
@@ -620,17 +657,7 @@ static int device_opts_row(engine_core_t *c, const sequence_t *q, int k, int *nu
 // back with the ids (kernels/sampling_opts.h), and no logits are copied.
 static int step_on_device(engine_core_t *c, const sched_step_t *st) {
     const int V = c->e->model.vocab_size;
-    int any_opts = 0;
-    for (int k = 0; k < st->num_sample; k++) {
-        const sequence_t *q = st->seqs[st->sample_rows[k]];
-        const core_req_t *r = q->user;
-        c->temperature[k] = r->params.temperature;
-        c->top_k[k] = r->params.top_k;
-        c->top_p[k] = r->params.top_p;
-        c->seed[k] = r->seed;
-        c->gen_index[k] = sequence_num_generated(q);
-        any_opts |= sampler_uses_options(&r->params, c->gen_index[k]);
-    }
+    const int any_opts = row_params(c, st, 0);
     int num_ids = 0;
     for (int k = 0; any_opts && k < st->num_sample; k++) {
         const sequence_t *q = st->seqs[st->sample_rows[k]];
@@ -716,25 +743,114 @@ static int before_postprocess(engine_core_t *c, const sched_step_t *st) {
     return 0;
 }
 
-int engine_core_step(engine_core_t *c) {
-    if (scheduler_num_unfinished(&c->sched) == 0) return 0;
-    engine_t *e = c->e;
-    const sched_step_t *st;
-    const double t_host = now_s();
-    if (scheduler_schedule(&c->sched, &st)) return -1;
-    if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
-    runner_step_t in = runner_step_from(st);
-    const double t_run = now_s();
-    c->st.host_s += t_run - t_host;
-    const int on_device = model_runner_samples_on_device(e->runner);
-    if (on_device) {
-        if (step_on_device(c, st)) return -1;
-    } else if (model_runner_step(e->runner, &in, c->logits)) {
-        return mv_error_prefix("step %lld", c->st.num_steps);
+// ---- asynchronous scheduling ------------------------------------------------------------------
+// While step n runs on the GPU, step n + 1 is planned (scheduler_schedule_ahead)
+// and queued behind it, its input ids taken on the device from step n's
+// output; then the host waits for step n's ids and postprocesses it. The GPU
+// never waits for the host between two decode steps, and the host's work for
+// step n (postprocessing, the hooks, the next plan) overlaps step n + 1 on
+// the GPU. The tokens are the same: a row's draw is keyed by (seed,
+// gen_index), whatever step computes it. A row whose request step n ends
+// unforeseen (eos, a stop, an error) is computed once more and dropped.
+
+// Step st's sampling parameters for the runner (row_params); 1 when every
+// row can be launched (no options: those need the tokens), else 0.
+static int async_params(engine_core_t *c, const sched_step_t *st, int ahead) { return !row_params(c, st, ahead); }
+
+// Can the step after st, the step now in flight, go ahead? Only rows without
+// options at their next token (checked before the scheduler commits to it).
+static int ahead_allowed(const engine_core_t *c, const sched_step_t *st) {
+    for (int k = 0; k < st->num_sample; k++) {
+        const sequence_t *q = st->seqs[st->sample_rows[k]];
+        if (sampler_uses_options(&((const core_req_t *)q->user)->params, sequence_num_generated(q) + 1)) return 0;
     }
-    const double t_post = now_s();
-    c->st.runner_s += t_post - t_run;
-    if (!on_device && sample_on_host(c, st)) return -1;
+    return 1;
+}
+
+// Step st on the runner, with the parameters async_params filled in.
+static int launch(engine_core_t *c, const sched_step_t *st) {
+    runner_step_t in = runner_step_from(st);
+    runner_sampling_t sp = {.temperature = c->temperature, .top_k = c->top_k, .top_p = c->top_p, .seed = c->seed,
+                            .gen_index = c->gen_index};
+    if (model_runner_launch_sample(c->e->runner, &in, &sp, st->planned_ahead ? st->input_from : NULL))
+        return mv_error_prefix("step %lld", c->st.num_steps + (st->planned_ahead ? 1 : 0));
+    return 0;
+}
+
+// Wait for the step in flight; c->sampled[k] its id of sampled row k (the
+// rows dropped while it ran are skipped through launched_index).
+static int collect_inflight(engine_core_t *c) {
+    const sched_step_t *st = c->inflight;
+    c->inflight = NULL;
+    if (model_runner_collect_sample(c->e->runner, c->raw, st->num_launched_sample))
+        return mv_error_prefix("step %lld", c->st.num_steps);
+    for (int k = 0; k < st->num_sample; k++) c->sampled[k] = c->raw[st->launched_index[k]];
+    return 0;
+}
+
+// A step in flight whose every row was dropped (their requests ended):
+// nothing to postprocess but the scheduler's bookkeeping; wait for it now.
+static int drop_empty_inflight(engine_core_t *c) {
+    if (!c->inflight || c->inflight->num_seqs > 0) return 0;
+    if (collect_inflight(c) || scheduler_postprocess(&c->sched, c->sampled)) return -1;
+    c->st.num_steps++;
+    return 0;
+}
+
+int engine_core_step(engine_core_t *c) {
+    if (!c->inflight && scheduler_num_unfinished(&c->sched) == 0) return 0;
+    engine_t *e = c->e;
+    const sched_step_t *st = c->inflight;
+    const double t_host = now_s();
+    double t_run, t_post, plan_s = 0.0;  // plan_s: planning the next step, inside [t_run, t_post)
+    if (!st) {
+        if (scheduler_schedule(&c->sched, &st)) return -1;
+        if (st->num_seqs == 0) return mv_error("engine: the scheduler has unfinished requests but scheduled nothing");
+    }
+    if (c->async && (c->inflight || async_params(c, st, 0))) {
+        // Asynchronous: st launched (now, or as the step planned ahead by
+        // the call before); the next step planned and launched behind it
+        // when it can be; then st's ids.
+        t_run = now_s();
+        if (!c->inflight) {
+            if (launch(c, st)) return -1;
+            c->inflight = st;
+        }
+        const double t_plan = now_s();
+        const sched_step_t *ahead = NULL;
+        if (ahead_allowed(c, st)) {
+            const int rc = scheduler_schedule_ahead(&c->sched, &ahead);
+            if (rc < 0) return -1;
+            if (rc == 1) ahead = NULL;
+        }
+        // async_params does not refuse it: ahead_allowed checked its rows at the same gen_index.
+        if (ahead && !async_params(c, ahead, 1))
+            return mv_error("engine: a step planned ahead has a row with sampling options");
+        plan_s = now_s() - t_plan;
+        if ((ahead && launch(c, ahead)) || collect_inflight(c)) return -1;
+        c->st.num_steps_ahead += ahead != NULL;
+        c->inflight = ahead;
+        t_post = now_s();
+        for (int k = 0; k < st->num_sample; k++) {
+            if (c->sampled[k] != RUNNER_ROW_FAILED) continue;
+            if (fail_request(st->seqs[st->sample_rows[k]], &c->sampled[k],
+                             "the logits have no finite value (all NaN or -inf, or a +inf): the request cannot go on"))
+                return -1;
+        }
+    } else {
+        runner_step_t in = runner_step_from(st);
+        t_run = now_s();
+        const int on_device = model_runner_samples_on_device(e->runner);
+        if (on_device) {
+            if (step_on_device(c, st)) return -1;
+        } else if (model_runner_step(e->runner, &in, c->logits)) {
+            return mv_error_prefix("step %lld", c->st.num_steps);
+        }
+        t_post = now_s();
+        if (!on_device && sample_on_host(c, st)) return -1;
+    }
+    c->st.host_s += t_run - t_host + plan_s;
+    c->st.runner_s += t_post - t_run - plan_s;
     if (before_postprocess(c, st)) return -1;
     if (scheduler_postprocess(&c->sched, c->sampled)) return -1;
     c->st.num_steps++;
@@ -749,14 +865,15 @@ int engine_core_step(engine_core_t *c) {
         if (!r->failed) c->hooks.on_token(c->hooks.ctx, r->user, c->sampled[k], stop, lp);
     }
     int rc = collect_finished(c);
+    if (!rc) rc = drop_empty_inflight(c);
     const double t_end = now_s();
     c->st.host_s += t_end - t_post;
     if (e->step_trace) {
         long long ctx = 0;
         for (int i = 0; i < st->num_seqs; i++) ctx += st->context_lens[i];
         fprintf(e->step_trace, "%d,%lld,%d,%d,%d,%lld,%d,%.1f,%.1f\n", e->step_trace_rep, c->st.num_steps - 1,
-                st->num_seqs, st->num_prefill_rows, st->num_tokens, ctx, st->num_sample, 1e6 * (t_post - t_run),
-                1e6 * ((t_run - t_host) + (t_end - t_post)));
+                st->num_seqs, st->num_prefill_rows, st->num_tokens, ctx, st->num_sample, 1e6 * (t_post - t_run - plan_s),
+                1e6 * ((t_run - t_host) + plan_s + (t_end - t_post)));
     }
     return rc;
 }
@@ -849,6 +966,7 @@ int engine_run_stops(engine_t *e, const engine_request_t *reqs, const engine_sto
     e->num_unknown_tokens = s.num_unknown_tokens;
     e->host_s = s.host_s;
     e->runner_s = s.runner_s;
+    e->num_steps_ahead = s.num_steps_ahead;
     e->elapsed_s = engine_core_now(c);
     if (rc < 0) engine_outputs_free(outputs, n);
     engine_core_free(c);

@@ -83,6 +83,9 @@ typedef struct {
                                  // cuda: 0 = size from gpu_memory_utilization, else this budget
     float gpu_memory_utilization;  // cuda: share of the GPU's memory for weights + scratch + KV, 0 = 0.9
     int enforce_eager;           // cuda: 1 = no CUDA graphs, decode steps launched kernel by kernel
+    int no_async_scheduling;     // 1 = every step scheduled after the one before is postprocessed;
+                                 // 0 (the default) = decode step n + 1 planned and queued on the GPU
+                                 // while step n runs, on a runner with asynchronous steps (cuda, tp 1)
     int enable_prefix_caching;
     int num_threads;             // 0 = one per online CPU
     int progress;                // 1: a progress line on stderr
@@ -165,9 +168,12 @@ typedef struct engine {
     // Where a run's time went, per engine_generate: host_s in the engine's own
     // host work (scheduling, building the step, host sampling, postprocessing),
     // runner_s inside the model runner's step (staging the inputs, the GPU's
-    // work and the wait for it). The host does not yet overlap its work with
-    // the GPU's, so host_s / num_steps is what each step adds to the GPU time.
+    // work and the wait for it). Without asynchronous scheduling the GPU waits
+    // for the host's work, so host_s / num_steps is what each step adds to
+    // the GPU time; with it, the work for step n is done while step n + 1
+    // runs, in the num_steps_ahead steps that were planned ahead.
     double host_s, runner_s;
+    long long num_steps_ahead;
     int failed_request;          // the request a failing engine_generate named, else -1
     int num_finished;            // requests done (their outputs filled), errors included
     int num_failed;              // of those, ended with an error (finish_reason "error")
@@ -297,6 +303,7 @@ typedef struct {
     long long num_prompt_tokens_looked_up, num_cached_tokens;  // prefix cache: admitted tokens, found ones
     long long num_preemptions, num_finished, num_failed, num_aborted, num_unknown_tokens;
     double host_s, runner_s;            // as engine_t's
+    long long num_steps_ahead;          // steps planned and launched while the step before ran
 } engine_core_stats_t;
 
 // A core over e's runner (one core at a time per engine: the KV cache is the runner's).

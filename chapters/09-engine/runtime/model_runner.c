@@ -362,6 +362,9 @@ static int validate_step(const model_runner_t *r, const runner_step_t *in) {
 }
 
 int model_runner_step(model_runner_t *r, const runner_step_t *in, float *logits) {
+    if (r->num_launched)
+        return mv_error("model runner: %d launched steps are not collected (model_runner_collect_sample)",
+                        r->num_launched);
     if (validate_step(r, in)) return -1;
     if (in->num_tokens == 0) return 0;
     if (r->tp.size == 1) return r->backend->step(r, in, logits);
@@ -424,12 +427,8 @@ static int validate_opts_row(const sampling_opts_row_t *o, const int32_t *ids, i
     return 0;
 }
 
-int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
-                             int32_t *sampled, float *logits) {
-    if (!r->backend->step_sample)
-        return mv_error("model runner (%s): this backend samples on the host (use model_runner_step)",
-                        r->backend->name);
-    if (validate_step(r, in)) return -1;
+// The sampling parameters' checks, shared by step_sample and launch_sample.
+static int validate_sampling(const model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp) {
     for (int k = 0; k < in->num_sample; k++) {
         sampling_params_t p = {.temperature = sp->temperature[k], .top_k = sp->top_k[k], .top_p = sp->top_p[k], .max_tokens = 1, .ignore_eos = 0};
         if (sampler_validate_params(&p)) return mv_error_prefix("model runner: sampled row %d", k);
@@ -442,6 +441,29 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
         for (int k = 0; k < in->num_sample; k++)
             if (sp->opts[k].top_logprobs >= 0)
                 return mv_error("model runner: sampled row %d wants logprobs and the step has no room for them", k);
+    return 0;
+}
+
+// A sampled id from the backend: in the vocabulary, or a failed row.
+static int check_sampled(const model_runner_t *r, const int32_t *sampled, int n) {
+    // A failed row is the request's business (the engine ends it); an id
+    // outside the vocabulary is the backend's bug and fails the step.
+    for (int k = 0; k < n; k++)
+        if (sampled[k] != RUNNER_ROW_FAILED && (sampled[k] < 0 || sampled[k] >= r->cfg.vocab_size))
+            return mv_error("model runner (%s): sampled row %d: id %d is outside the vocabulary [0, %d)",
+                            r->backend->name, k, sampled[k], r->cfg.vocab_size);
+    return 0;
+}
+
+int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                             int32_t *sampled, float *logits) {
+    if (!r->backend->step_sample)
+        return mv_error("model runner (%s): this backend samples on the host (use model_runner_step)",
+                        r->backend->name);
+    if (r->num_launched)
+        return mv_error("model runner: %d launched steps are not collected (model_runner_collect_sample)",
+                        r->num_launched);
+    if (validate_step(r, in) || validate_sampling(r, in, sp)) return -1;
     if (in->num_tokens == 0) return 0;
     if (r->tp.size == 1) {
         if (r->backend->step_sample(r, in, sp, sampled, logits)) return -1;
@@ -453,11 +475,43 @@ int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const r
         if (send_step(r, in) || r->backend->step_sample(r, in, sp, sampled, logits))
             tp_comm_abort(&r->tp, 1, mv_last_error());
     }
-    // A failed row is the request's business (the engine ends it); an id
-    // outside the vocabulary is the backend's bug and fails the step.
-    for (int k = 0; k < in->num_sample; k++)
-        if (sampled[k] != RUNNER_ROW_FAILED && (sampled[k] < 0 || sampled[k] >= r->cfg.vocab_size))
-            return mv_error("model runner (%s): sampled row %d: id %d is outside the vocabulary [0, %d)",
-                            r->backend->name, k, sampled[k], r->cfg.vocab_size);
+    return check_sampled(r, sampled, in->num_sample);
+}
+
+int model_runner_can_launch(const model_runner_t *r) {
+    return r->backend->launch_sample && r->backend->collect_sample && r->tp.size == 1 && !r->no_async_steps;
+}
+
+int model_runner_launch_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                               const int32_t *input_from) {
+    if (!model_runner_can_launch(r))
+        return mv_error("model runner (%s): no asynchronous steps here (a backend without them, or tp > 1)",
+                        r->backend->name);
+    if (r->num_launched == 2) return mv_error("model runner: two steps are launched already; collect one first");
+    if (sp->opts) return mv_error("model runner: a launched step takes no sampling options (step_sample does)");
+    if (validate_step(r, in) || validate_sampling(r, in, sp)) return -1;
+    if (in->num_tokens == 0) return mv_error("model runner: an empty step is not launched");
+    if (input_from) {
+        if (r->num_launched != 1)
+            return mv_error("model runner: input ids from the step before, but %d steps are launched", r->num_launched);
+        if (in->num_tokens != in->num_seqs || in->num_sample != in->num_seqs)
+            return mv_error("model runner: input ids from the step before in a step that is not a decode step");
+        for (int q = 0; q < in->num_seqs; q++)
+            if (input_from[q] < 0 || input_from[q] >= r->launched_sample[0])
+                return mv_error("model runner: row %d takes the step before's id %d, of %d", q, input_from[q],
+                                r->launched_sample[0]);
+    }
+    if (r->backend->launch_sample(r, in, sp, input_from)) return -1;
+    r->launched_sample[r->num_launched++] = in->num_sample;
     return 0;
+}
+
+int model_runner_collect_sample(model_runner_t *r, int32_t *sampled, int n) {
+    if (r->num_launched == 0) return mv_error("model runner: no launched step to collect");
+    if (n != r->launched_sample[0])
+        return mv_error("model runner: the oldest launched step sampled %d rows, not %d", r->launched_sample[0], n);
+    const int rc = r->backend->collect_sample(r, sampled, n);
+    r->launched_sample[0] = r->launched_sample[1];
+    r->num_launched--;
+    return rc ? -1 : check_sampled(r, sampled, n);
 }

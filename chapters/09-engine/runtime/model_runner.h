@@ -137,6 +137,18 @@ typedef struct {
     // not fail the other rows of the step.
     int (*step_sample)(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                        int32_t *sampled, float *logits);
+    // Optional (NULL: no asynchronous steps). step_sample in two halves, for
+    // the engine's asynchronous scheduling: launch_sample queues the step
+    // and its sampling on the device and returns before they run;
+    // collect_sample waits for the oldest launched step and copies its n
+    // ids. At most two steps launched and not collected. input_from: NULL,
+    // or (a decode step launched right after another) [num_seqs]: row r's
+    // input id is the id the step launched before sampled at its index
+    // input_from[r], taken from the device's memory (in->input_ids[r] is
+    // then a placeholder). No logits, no options (sp->opts NULL).
+    int (*launch_sample)(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                         const int32_t *input_from);
+    int (*collect_sample)(model_runner_t *r, int32_t *sampled, int n);
 } runner_backend_t;
 
 struct model_runner {
@@ -156,6 +168,10 @@ struct model_runner {
                                       // (every rank knows and returns: no second agreement)
     int32_t *wire;                    // [wire_cap] one step's arrays packed for the broadcast
     size_t wire_cap;
+    int no_async_steps;               // set by a backend whose launch_sample cannot run this runner's
+                                      // steps (cuda on the tensor-parallel path, MV_TP_COMM_OF_ONE=1)
+    int num_launched;                 // steps launched (model_runner_launch_sample), not collected
+    int launched_sample[2];           // their sampled rows, oldest first
 };
 
 // The CPU backend (runner_cpu.c).
@@ -250,6 +266,23 @@ int model_runner_samples_on_device(const model_runner_t *r);
 // logits: NULL, or [num_sample, vocab] fp32 to be filled as well.
 int model_runner_step_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
                              int32_t *sampled, float *logits);
+
+// Asynchronous steps (runner_backend_t.launch_sample / collect_sample): 1
+// when this runner has them (the cuda backend at tp 1, without
+// MV_TP_COMM_OF_ONE's collectives), else 0.
+int model_runner_can_launch(const model_runner_t *r);
+// The checks of model_runner_step_sample, then the step queued: the call
+// returns before the device runs it. input_from: NULL, or [num_seqs] for a
+// decode step launched while the one before it is not collected: row r's
+// input id is that step's sampled id number input_from[r]. Refused with
+// logits or options (sp->opts), past two launched steps, and while
+// model_runner_step / step_sample would have to wait behind launched ones.
+int model_runner_launch_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                               const int32_t *input_from);
+// The ids of the oldest launched step, once it has run: n must be its
+// num_sample. A row whose logits had no finite value gets RUNNER_ROW_FAILED,
+// as with model_runner_step_sample.
+int model_runner_collect_sample(model_runner_t *r, int32_t *sampled, int n);
 
 #ifdef __cplusplus
 }

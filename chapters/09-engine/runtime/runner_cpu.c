@@ -338,5 +338,5 @@ static int cpu_step(model_runner_t *r, const runner_step_t *in, float *logits) {
     return 0;
 }
 
-// The CPU backend samples on the host: no step_sample.
-const runner_backend_t RUNNER_BACKEND_CPU = {"cpu", cpu_create, cpu_step, cpu_destroy, NULL};
+// The CPU backend samples on the host: no step_sample, no asynchronous steps.
+const runner_backend_t RUNNER_BACKEND_CPU = {"cpu", cpu_create, cpu_step, cpu_destroy, NULL, NULL, NULL};

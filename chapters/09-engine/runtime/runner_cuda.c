@@ -189,8 +189,20 @@ typedef struct {
     size_t attn_ws_bytes;
     void *d_step_mem;                 // one allocation behind step_buffers_t
     step_buffers_t d;                 // device views into d_step_mem
-    void *h_stage;                    // pinned host copy of d_step_mem's layout
+    void *h_stage;                    // pinned host copy of d_step_mem's layout: h_stages[stage]
     step_buffers_t h;                 // host views into h_stage
+    // Asynchronous steps (cuda_launch_sample): two pinned staging copies, so
+    // that the host fills one while the other's upload or ids are in flight.
+    void *h_stages[2];
+    int stage;                        // h_stage == h_stages[stage]
+    int num_launched;                 // launched steps not collected, oldest first in launched[]
+    struct {
+        int stage;                    // the staging copy its ids come back into
+        int32_t *h_sampled;           // where, and how many
+        int n;
+    } launched[2];
+    cudaEvent_t launch_ev[2];         // [stage]: recorded after that staging copy's ids come down
+    int32_t *prev_d_sampled;          // the last launched step's ids on the device
     size_t step_bytes;
     int step_tm, step_sm;             // the full layout's sizes (Tm tokens, Sm rows)
     int step_sg;                      // rows of the packed decode layout in d / h now; 0: the full layout
@@ -471,8 +483,10 @@ static void cuda_destroy(model_runner_t *r) {
                 "from before the inputs' upload to after the ids' download), %.1f us on the host around the same "
                 "calls\n", s->step_timed, 1e3 * s->step_gpu_ms / (double)s->step_timed,
                 1e6 * s->step_host_s / (double)s->step_timed);
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 2; k++) {
         if (s->step_ev[k]) cudaEventDestroy(s->step_ev[k]);
+        if (s->launch_ev[k]) cudaEventDestroy(s->launch_ev[k]);
+    }
     // Free what exists; errors are ignored here (a failed create may leave
     // a sticky error, and there is nothing left to do with one).
     if (s->stream) cudaStreamSynchronize(s->stream);
@@ -504,7 +518,8 @@ static void cuda_destroy(model_runner_t *r) {
                        s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
                        s->d_raw,       s->d_sample_ws, s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
-    if (s->h_stage) cudaFreeHost(s->h_stage);
+    for (int k = 0; k < 2; k++)
+        if (s->h_stages[k]) cudaFreeHost(s->h_stages[k]);
     if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
     if (s->cublas) cublasDestroy(s->cublas);
     if (s->stream) cudaStreamDestroy(s->stream);
@@ -546,7 +561,8 @@ static size_t layout_step(step_buffers_t *b, char *base, int Tm, int Sm, int W) 
 // step's (every array at its full size); Sg > 0, a decode step's of Sg rows,
 // packed. Only the pointers change; each step uploads its inputs anew.
 static void step_views(cuda_state_t *s, int Sg) {
-    if (s->step_sg == Sg) return;
+    if (s->step_sg == Sg && s->h_stage == s->h_stages[s->stage]) return;
+    s->h_stage = s->h_stages[s->stage];
     const int T = Sg > 0 ? Sg : s->step_tm, S = Sg > 0 ? Sg : s->step_sm;
     layout_step(&s->d, (char *)s->d_step_mem, T, S, s->max_blocks);
     layout_step(&s->h, (char *)s->h_stage, T, S, s->max_blocks);
@@ -682,6 +698,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     // This rank's share of every tensor (tp 1: the whole model).
     if (qwen3_layout_init(&s->layout, c, r->tp.size, r->tp.rank)) return -1;
     s->collectives = s->layout.tp_size > 1 || comm_of_one();
+    r->no_async_steps = s->collectives;  // cuda_launch_sample runs no collectives
     if (r->tp.size > 1 && tp_device(r, &s->device)) return -1;
     if (CUDA_TRY(cudaSetDevice(s->device)) || CUDA_TRY(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)))
         return -1;
@@ -785,10 +802,12 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const size_t packed = layout_step(&s->d, NULL, (int)Sm, (int)Sm, s->max_blocks);
     s->step_bytes = full > packed ? full : packed;
     if (dev_alloc(&s->d_step_mem, s->step_bytes, sb, "the step's inputs")) return -1;
-    if (CUDA_TRY(cudaMallocHost(&s->h_stage, s->step_bytes))) {
-        s->h_stage = NULL;
-        return -1;
-    }
+    for (int k = 0; k < 2; k++)
+        if (CUDA_TRY(cudaMallocHost(&s->h_stages[k], s->step_bytes)) ||
+            CUDA_TRY(cudaEventCreateWithFlags(&s->launch_ev[k], cudaEventDisableTiming))) {
+            s->h_stages[k] = NULL;
+            return -1;
+        }
     s->step_tm = (int)Tm, s->step_sm = (int)Sm;
     s->step_sg = -1;
     step_views(s, 0);
@@ -1354,12 +1373,36 @@ static int enqueue_decode(model_runner_t *r, int Sg) {
     return enqueue_forward(r, Sg, Sg, Sg, 1, r->rc.max_model_len, Sg) || (s->layout.tp_rank == 0 && enqueue_sample(r, Sg, 1));
 }
 
-// Run the decode step: inputs up, then the graph (or the same launches).
-static int run_decode(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp) {
+// Rows whose input id the step before sampled (asynchronous scheduling):
+// copied on the device from that step's ids, one copy per run of rows that
+// take consecutive ids (in a step planned ahead, usually all of them). The
+// upload just made must not reach those ids: it covers the packed layout up
+// to this step's outputs, which lie below the step before's as long as this
+// step has no more rows (a step planned ahead has at most the rows of the
+// one before).
+static int copy_input_from(cuda_state_t *s, const runner_step_t *in, const int32_t *input_from) {
+    const size_t uploaded = (size_t)((char *)s->d.sampled - (char *)s->d_step_mem);
+    if (!s->prev_d_sampled || (size_t)((char *)s->prev_d_sampled - (char *)s->d_step_mem) < uploaded)
+        return mv_error("a step's input ids from the step before, whose ids this step's upload would overwrite");
+    for (int q = 0; q < in->num_seqs;) {
+        int n = 1;
+        while (q + n < in->num_seqs && input_from[q + n] == input_from[q] + n) n++;
+        if (CUDA_TRY(cudaMemcpyAsync(s->d.input_ids + q, s->prev_d_sampled + input_from[q], (size_t)n * sizeof(int32_t),
+                                     cudaMemcpyDeviceToDevice, s->stream)))
+            return mv_error_prefix("the input ids of rows %d..%d from the step before", q, q + n - 1);
+        q += n;
+    }
+    return 0;
+}
+
+// Run the decode step: inputs up (input_from: see copy_input_from), then the
+// graph (or the same launches).
+static int run_decode(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                      const int32_t *input_from) {
     cuda_state_t *s = r->state;
     const int k = decode_size_index(s, in->num_seqs);
     if (k < 0) return mv_error("a decode step of %d rows exceeds max_num_seqs %d", in->num_seqs, r->rc.max_num_seqs);
-    if (upload_decode(r, s, in, sp, s->sizes[k])) return -1;
+    if (upload_decode(r, s, in, sp, s->sizes[k]) || (input_from && copy_input_from(s, in, input_from))) return -1;
     if (s->graphs[k]) return CUDA_TRY(cudaGraphLaunch(s->graphs[k], s->stream));
     return enqueue_decode(r, s->sizes[k]);
 }
@@ -1456,7 +1499,7 @@ static int download_raw_rows(const model_runner_t *r, cuda_state_t *s, const run
 
 static int cuda_step(model_runner_t *r, const runner_step_t *in, float *logits) {
     cuda_state_t *s = r->state;
-    if ((is_decode_step(in) ? run_decode(r, in, NULL) : cuda_forward(r, in)) ||
+    if ((is_decode_step(in) ? run_decode(r, in, NULL, NULL) : cuda_forward(r, in)) ||
         download_logits(r, s, in->num_sample, logits))
         return -1;
     return finish_step(s);
@@ -1470,7 +1513,7 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
     const int timed = decode && s->step_ev[1] && s->graphs[0];
     const double h0 = timed ? now_seconds() : 0.0;
     if (timed && CUDA_TRY(cudaEventRecord(s->step_ev[0], s->stream))) return -1;
-    if (decode ? run_decode(r, in, sp) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
+    if (decode ? run_decode(r, in, sp, NULL) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
     if (N > 0) {
         if ((!decode && enqueue_sample(r, N, sp->opts != NULL)) ||
             CUDA_TRY(cudaMemcpyAsync(s->h.sampled, s->d.sampled, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -1494,6 +1537,47 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
     // RUNNER_ROW_FAILED: model_runner_step_sample ends that request alone
     // (and refuses any other id outside the vocabulary).
     for (int k = 0; k < N; k++) sampled[k] = s->h.sampled[k];
+    return 0;
+}
+
+// Asynchronous steps: cuda_step_sample's work, queued on the stream into one
+// of two staging copies, and an event after its ids come down; no wait.
+// (MV_STEP_TIMES times the steps of cuda_step_sample only.)
+static int cuda_launch_sample(model_runner_t *r, const runner_step_t *in, const runner_sampling_t *sp,
+                              const int32_t *input_from) {
+    cuda_state_t *s = r->state;
+    if (s->collectives) return mv_error("asynchronous steps on the tensor-parallel path");
+    // The staging copy that is not the oldest launched step's: free, since
+    // at most two are launched and the other one's ids are collected.
+    s->stage = s->num_launched ? s->launched[0].stage ^ 1 : s->stage ^ 1;
+    const int N = in->num_sample, decode = is_decode_step(in);
+    if (decode ? run_decode(r, in, sp, input_from) : upload_sampling(s, sp, N) || cuda_forward(r, in)) return -1;
+    if ((!decode && enqueue_sample(r, N, 0)) ||
+        CUDA_TRY(cudaMemcpyAsync(s->h.sampled, s->d.sampled, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                 s->stream)) ||
+        CUDA_TRY(cudaEventRecord(s->launch_ev[s->stage], s->stream)))
+        return -1;
+    s->launched[s->num_launched].stage = s->stage;
+    s->launched[s->num_launched].h_sampled = s->h.sampled;
+    s->launched[s->num_launched].n = N;
+    s->num_launched++;
+    s->prev_d_sampled = s->d.sampled;
+    return 0;
+}
+
+static int cuda_collect_sample(model_runner_t *r, int32_t *sampled, int n) {
+    cuda_state_t *s = r->state;
+    if (s->num_launched == 0 || s->launched[0].n != n) return mv_error("no launched step of %d rows to collect", n);
+    const int stage = s->launched[0].stage;
+    const int32_t *ids = s->launched[0].h_sampled;
+    s->launched[0] = s->launched[1];
+    s->num_launched--;
+    cudaError_t err = cudaEventSynchronize(s->launch_ev[stage]);
+    if (err != cudaSuccess)
+        return mv_error("the step failed on the GPU: %s (%s); a kernel of this step faulted (rerun under "
+                        "compute-sanitizer, or with CUDA_LAUNCH_BLOCKING=1, to see which)",
+                        cudaGetErrorName(err), cudaGetErrorString(err));
+    memcpy(sampled, ids, (size_t)n * sizeof(int32_t));
     return 0;
 }
 
@@ -1626,6 +1710,7 @@ static int finish_step_tp(cuda_state_t *s) {
 #endif
 }
 
-const runner_backend_t RUNNER_BACKEND_CUDA = {"cuda", cuda_create, cuda_step, cuda_destroy, cuda_step_sample};
+const runner_backend_t RUNNER_BACKEND_CUDA = {"cuda",           cuda_create,       cuda_step,          cuda_destroy,
+                                              cuda_step_sample, cuda_launch_sample, cuda_collect_sample};
 
 #endif  // MV_HAVE_CUDA
