@@ -503,6 +503,36 @@ def render_engine_graphs(pairs):
     return "\n".join(out) + "\n"
 
 
+def render_engine_async(runs):
+    """runs: [(what, on, off)] of minivllm bench JSONs with and without --no-async-scheduling;
+    a latency pair gives one row per batch size."""
+    d0 = runs[0][1]
+    out = [f"`minivllm bench` on **{d0['gpu']}** ({d0['date'][:10]}, commit {d0['commit']}"
+           + (f"; {d0['commit_note']}" if d0.get("commit_note") else "") +
+           "), random weights, each run with asynchronous scheduling (the default) and with "
+           "`--no-async-scheduling`, one after the other in one call. *planned ahead*: steps planned and queued "
+           "while the step before ran (first repetition); *host us / step*: the engine's own host work, "
+           "with / without.",
+           "",
+           "| run | async: output tok/s (min-max) | TPOT p50 ms | without: output tok/s (min-max) | TPOT p50 ms | "
+           "async / without | planned ahead | host us / step |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for what, on, off in runs:
+        if on["mode"] == "latency":
+            for b, c in zip(on["batches"], off["batches"]):
+                o, f = b["output_tok_s"], c["output_tok_s"]
+                out.append(f"| {what}, batch {b['batch']} | {o['median']:,.0f} ({o['min']:,.0f}-{o['max']:,.0f}) | "
+                           f"{b['tpot_ms']['p50']:.3f} | {f['median']:,.0f} ({f['min']:,.0f}-{f['max']:,.0f}) | "
+                           f"{c['tpot_ms']['p50']:.3f} | {o['median'] / f['median']:.3f} | | |")
+            continue
+        out.append(f"| {what} | {on['output_tok_s']:,.0f} ({on['output_tok_s_min']:,.0f}-{on['output_tok_s_max']:,.0f}) | "
+                   f"{on['tpot_ms']['p50']:.3f} | {off['output_tok_s']:,.0f} ({off['output_tok_s_min']:,.0f}-"
+                   f"{off['output_tok_s_max']:,.0f}) | {off['tpot_ms']['p50']:.3f} | "
+                   f"{on['output_tok_s'] / off['output_tok_s']:.3f} | {on['steps_ahead']:,} of {on['steps']:,} | "
+                   f"{on['host_us_per_step']:.1f} / {off['host_us_per_step']:.1f} |")
+    return "\n".join(out) + "\n"
+
+
 def render_engine_scaling(batch, contexts):
     c = batch["config"]
     ceil = copy_ceiling()
@@ -1510,6 +1540,48 @@ def render_wgmma_probe():
     return "\n".join(out) + "\n"
 
 
+WGMMA_PROBE2_TXT = os.path.join(HERE, "03-linear-tp-v4-probe-form2.txt")
+WGMMA_MLP = re.compile(r"MLP in: cuBLAS \+ silu_and_mul ([\d.]+), v4 with SiluAndMul ([\d.]+)")
+
+
+def render_wgmma_probe2():
+    """Run 96: linear version 4's second form against cuBLAS (docs/results/03-linear-tp-v4-probe-form2.txt): the
+    fastest plan for each projection and M, and gate_up with SiluAndMul in its epilogue."""
+    if not os.path.exists(WGMMA_PROBE2_TXT):
+        return None
+    rows, mlp = {}, {}
+    for l in open(WGMMA_PROBE2_TXT):
+        g = WGMMA_PROBE_LINE.match(l)
+        if not g:
+            continue
+        cells = [(int(a), int(b), float(t), float(e)) for a, b, t, e in WGMMA_CELL.findall(g.group(4))]
+        rows[g.group(1), int(g.group(2))] = (float(g.group(3)), cells)
+        f = WGMMA_MLP.search(l)
+        if f:
+            mlp[int(g.group(2))] = (float(f.group(1)), float(f.group(2)))
+    head = open(WGMMA_PROBE2_TXT).readline()
+    gpu, date = re.search(r"one (NVIDIA [^,]+),", head), re.search(r"(\d{4}-\d{2}-\d{2})", head)
+    if not rows or not gpu or not date:
+        return None
+    worst = max(e for _, cells in rows.values() for *_, e in cells)
+    out = [f"`build/wgmma_probe --quick` on one {gpu.group(1)}, {date.group(1)} (run 96, the second form of linear "
+           "version 4, branch `wip/linear-wgmma`; the lines: `docs/results/03-linear-tp-v4-probe-form2.txt`): us a "
+           "launch, 16 launches on 16 weight copies in one CUDA graph; *version 4*: the fastest of its plans, every "
+           f"plan within {worst:.1e} of the output's RMS of cuBLAS's output; *MLP input*: gate_up then SiluAndMul, "
+           "cuBLAS and `silu_and_mul_cuda` against version 4 with SiluAndMul in its epilogue:", "",
+           "| projection | M | cuBLAS | version 4, fastest plan | rows a CTA x split | cuBLAS / version 4 | "
+           "MLP input: cuBLAS + silu_and_mul | MLP input: version 4 with SiluAndMul |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for (name, m), (cub, cells) in rows.items():
+        if m not in (1, 8, 32, 64, 128, 256):
+            continue
+        nwg, cs, t, _ = min(cells, key=lambda c: c[2])
+        a, b = mlp.get(m, (None, None)) if name == "gate_up_proj" else (None, None)
+        out.append(f"| {name} | {m} | {cub:.2f} | {t:.2f} | {64 * nwg} x {cs} | {cub / t:.2f} | "
+                   f"{'' if a is None else f'{a:.2f}'} | {'' if b is None else f'{b:.2f}'} |")
+    return "\n".join(out) + "\n"
+
+
 def render_lt_probe():
     """cuBLAS's first choice against the best of cublasLt's heuristic list, in graphs (json/09-engine.lt-probe.json,
     tests/gpu/lt_probe.cu)."""
@@ -1768,6 +1840,11 @@ def engine_blocks():
               load("09-engine.nanovllm-greedy-eager.json"))]
     if all(g and e for _, g, e in pairs):
         out["09-engine:graphs"] = ("09-engine.single.json", render_engine_graphs(pairs))
+    ar = [(what, load(f"09-engine.async-{n}-on.json"), load(f"09-engine.async-{n}-off.json"))
+          for what, n in (("one stream, 512 + 256", "single"), ("nano-vllm's workload, greedy", "workload"),
+                          ("latency, 512 + 256", "latency"))]
+    if all(on and off for _, on, off in ar):
+        out["09-engine:async"] = ("09-engine.async-single-on.json", render_engine_async(ar))
     ws = [(what, load(name)) for what, name in WORKLOAD_JSONS]
     if all(d for _, d in ws):
         out["09-engine:workload"] = (WORKLOAD_JSONS[0][1], render_engine_workload(ws))
@@ -1876,6 +1953,9 @@ def blocks():
     wp = render_wgmma_probe()
     if wp:
         out["09-engine:wgmma-probe"] = ("03-linear-tp-v4-probe.txt", wp)
+    wp2 = render_wgmma_probe2()
+    if wp2:
+        out["09-engine:wgmma-probe-2"] = ("03-linear-tp-v4-probe-form2.txt", wp2)
     lt = render_lt_probe()
     if lt:
         out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)

@@ -17,9 +17,11 @@
  *   scratch   every activation buffer sized at creation for the worst step
  *             (max_num_batched_tokens tokens, max_num_seqs rows): a step
  *             allocates nothing.
- *   inputs    the step's host int32 arrays are copied, through one pinned
+ *   inputs    the step's host int32 arrays are copied, through a pinned
  *             staging buffer, into fixed device buffers: the same device
- *             addresses every step.
+ *             addresses every step. Two staging copies, used in turn by
+ *             launched steps (cuda_launch_sample), so that the host fills
+ *             one while the other's upload or ids are still in flight.
  *   one stream, one cuBLAS handle with a workspace we own.
  *
  * One step, the kernels in order (T tokens, S rows, N sampled rows; the
