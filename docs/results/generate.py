@@ -1499,38 +1499,56 @@ WGMMA_EXP_LINE = re.compile(r"^EXP (\w+)\s+M=\s*(\d+) nwg (\d) cs (\d): full ([\
                             r"no epilogue ([\d.]+)(?: \| plain launch ([\d.]+))? \| cuBLAS ([\d.]+)")
 
 
+def wgmma_probe_lines(path):
+    """tests/gpu/wgmma_probe.cu's lines in `path`: {(projection, M): (cuBLAS us, [(nwg, cs, us, max |d|/rms)])},
+    {M: (cuBLAS + silu_and_mul us, version 4 with SiluAndMul us)} from gate_up's lines, run 94's EXP lines, and
+    the largest difference over every plan."""
+    rows, mlp, exp = {}, {}, []
+    for l in open(path):
+        g = WGMMA_PROBE_LINE.match(l)
+        if g:
+            cells = [(int(a), int(b), float(t), float(e)) for a, b, t, e in WGMMA_CELL.findall(g.group(4))]
+            rows[g.group(1), int(g.group(2))] = (float(g.group(3)), cells)
+            f = WGMMA_MLP.search(l)
+            if f:
+                mlp[int(g.group(2))] = (float(f.group(1)), float(f.group(2)))
+        g = WGMMA_EXP_LINE.match(l)
+        if g:
+            exp.append(g.groups())
+    worst = max((e for _, cells in rows.values() for *_, e in cells), default=0.0)
+    return rows, mlp, exp, worst
+
+
+def wgmma_fastest_rows(rows, extra=lambda name, m: ""):
+    """One table row a projection at M = 1, 8, 32, 64, 128, 256: cuBLAS, version 4's fastest plan, its plan and the
+    ratio, then extra(name, m)."""
+    out = []
+    for (name, m), (cub, cells) in rows.items():
+        if m not in (1, 8, 32, 64, 128, 256):
+            continue
+        nwg, cs, t, _ = min(cells, key=lambda c: c[2])
+        out.append(f"| {name} | {m} | {cub:.2f} | {t:.2f} | {64 * nwg} x {cs} | {cub / t:.2f} |{extra(name, m)}")
+    return out
+
+
 def render_wgmma_probe():
     """Runs 93 and 94: linear version 4's first form (TMA + wgmma, branch wip/linear-wgmma) against cuBLAS,
     tests/gpu/wgmma_probe.cu's lines in docs/results/03-linear-tp-v4-probe.txt: the fastest plan for each projection
     and M, and the breakdown of run 94 (parts of the kernel switched off)."""
     if not os.path.exists(WGMMA_PROBE_TXT):
         return None
-    rows, exp = {}, []
-    for l in open(WGMMA_PROBE_TXT):
-        g = WGMMA_PROBE_LINE.match(l)
-        if g:
-            cells = [(int(a), int(b), float(t), float(e)) for a, b, t, e in WGMMA_CELL.findall(g.group(4))]
-            rows[g.group(1), int(g.group(2))] = (float(g.group(3)), cells)
-        g = WGMMA_EXP_LINE.match(l)
-        if g:
-            exp.append(g.groups())
+    rows, _, exp, worst = wgmma_probe_lines(WGMMA_PROBE_TXT)
     head = open(WGMMA_PROBE_TXT).readline()
     gpu, date = re.search(r"one (NVIDIA [^(]+?) \(", head), re.search(r"(\d{4}-\d{2}-\d{2})", head)
     if not rows or not exp or not gpu or not date:
         return None
-    worst = max(e for _, cells in rows.values() for *_, e in cells)
     out = [f"`build/wgmma_probe` (`tests/gpu/wgmma_probe.cu`) on one {gpu.group(1)}, {date.group(1)} (run 93, the "
            "first form of linear version 4, branch `wip/linear-wgmma`; the lines: "
            "`docs/results/03-linear-tp-v4-probe.txt`): us a launch, 16 launches on 16 "
            "weight copies in one CUDA graph; *version 4*: the fastest of its plans (64 or 128 weight rows a CTA, K "
            f"split over 1, 2, 4 or 8 CTAs), every plan within {worst:.1e} of the output's RMS of cuBLAS's output:", "",
            "| projection | M | cuBLAS | version 4, fastest plan | rows a CTA x split | cuBLAS / version 4 |",
-           "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for (name, m), (cub, cells) in rows.items():
-        if m not in (1, 8, 32, 64, 128, 256):
-            continue
-        nwg, cs, t, _ = min(cells, key=lambda c: c[2])
-        out.append(f"| {name} | {m} | {cub:.2f} | {t:.2f} | {64 * nwg} x {cs} | {cub / t:.2f} |")
+           "| --- | ---: | ---: | ---: | ---: | ---: |"] + wgmma_fastest_rows(rows)
     out += ["", "Run 94 switched parts of the same kernel off, same timing (us a launch):", "",
             "| projection | M | plan | whole | no MMAs | no loads (launch, barriers, epilogue) | no epilogue | "
             "split of 1 without a cluster | cuBLAS |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -1549,21 +1567,11 @@ def render_wgmma_probe2():
     fastest plan for each projection and M, and gate_up with SiluAndMul in its epilogue."""
     if not os.path.exists(WGMMA_PROBE2_TXT):
         return None
-    rows, mlp = {}, {}
-    for l in open(WGMMA_PROBE2_TXT):
-        g = WGMMA_PROBE_LINE.match(l)
-        if not g:
-            continue
-        cells = [(int(a), int(b), float(t), float(e)) for a, b, t, e in WGMMA_CELL.findall(g.group(4))]
-        rows[g.group(1), int(g.group(2))] = (float(g.group(3)), cells)
-        f = WGMMA_MLP.search(l)
-        if f:
-            mlp[int(g.group(2))] = (float(f.group(1)), float(f.group(2)))
+    rows, mlp, _, worst = wgmma_probe_lines(WGMMA_PROBE2_TXT)
     head = open(WGMMA_PROBE2_TXT).readline()
     gpu, date = re.search(r"one (NVIDIA [^,]+),", head), re.search(r"(\d{4}-\d{2}-\d{2})", head)
     if not rows or not gpu or not date:
         return None
-    worst = max(e for _, cells in rows.values() for *_, e in cells)
     out = [f"`build/wgmma_probe --quick` on one {gpu.group(1)}, {date.group(1)} (run 96, the second form of linear "
            "version 4, branch `wip/linear-wgmma`; the lines: `docs/results/03-linear-tp-v4-probe-form2.txt`): us a "
            "launch, 16 launches on 16 weight copies in one CUDA graph; *version 4*: the fastest of its plans, every "
@@ -1572,14 +1580,11 @@ def render_wgmma_probe2():
            "| projection | M | cuBLAS | version 4, fastest plan | rows a CTA x split | cuBLAS / version 4 | "
            "MLP input: cuBLAS + silu_and_mul | MLP input: version 4 with SiluAndMul |",
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for (name, m), (cub, cells) in rows.items():
-        if m not in (1, 8, 32, 64, 128, 256):
-            continue
-        nwg, cs, t, _ = min(cells, key=lambda c: c[2])
-        a, b = mlp.get(m, (None, None)) if name == "gate_up_proj" else (None, None)
-        out.append(f"| {name} | {m} | {cub:.2f} | {t:.2f} | {64 * nwg} x {cs} | {cub / t:.2f} | "
-                   f"{'' if a is None else f'{a:.2f}'} | {'' if b is None else f'{b:.2f}'} |")
-    return "\n".join(out) + "\n"
+
+    def mlp_cells(name, m):
+        a, b = mlp[m] if name == "gate_up_proj" and m in mlp else (None, None)
+        return f" {'' if a is None else f'{a:.2f}'} | {'' if b is None else f'{b:.2f}'} |"
+    return "\n".join(out + wgmma_fastest_rows(rows, mlp_cells)) + "\n"
 
 
 def render_lt_probe():
