@@ -1865,7 +1865,6 @@ Test(engine_async, steps_planned_ahead_give_the_same_outputs) {
     fake.launch_sample = fake_launch_sample;
     fake.collect_sample = fake_collect_sample;
     e->runner->backend = &fake;
-    e->runner->tp.size = 1;
     fake_poison_prompt0 = 100;
     engine_output_t first[4];
     e->cfg.no_async_scheduling = 1;

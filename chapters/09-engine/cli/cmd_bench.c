@@ -211,6 +211,7 @@ typedef struct {
     double graph_s;               // their capture time, inside load_s
     size_t graph_bytes;           // their GPU memory
     int megakernel_rows;          // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
+    int async_scheduling;         // 1: asynchronous scheduling in effect (asked for, and the runner has it)
     char megakernel_why[160];     // and why not beyond
     gpu_info_t gpu;               // probed on --device cuda
     bench_group_t groups[BENCH_MAX_BATCHES];  // 1 in throughput mode
@@ -588,6 +589,7 @@ static int run(bench_t *b) {
     b->graph_s = e->runner->graph_seconds;
     b->graph_bytes = e->runner->graph_bytes;
     b->megakernel_rows = e->runner->megakernel_rows;
+    b->async_scheduling = !b->ec.no_async_scheduling && model_runner_can_launch(e->runner);
     snprintf(b->megakernel_why, sizeof b->megakernel_why, "%s", e->runner->megakernel_why);
     if (b->ec.device == RUNNER_DEVICE_CUDA) gpu_probe(&b->gpu, 0);
     int rc = b->work == WORK_LATENCY ? check_latency_cache(b, e) : 0;
@@ -1076,7 +1078,7 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)b->kv_cache_bytes);
     cJSON_AddNumberToObject(o, "scratch_bytes", (double)b->scratch_bytes);
     cJSON_AddBoolToObject(o, "enforce_eager", b->ec.enforce_eager);
-    cJSON_AddBoolToObject(o, "async_scheduling", !b->ec.no_async_scheduling);
+    cJSON_AddBoolToObject(o, "async_scheduling", b->async_scheduling);
     cJSON_AddNumberToObject(o, "cuda_graphs", b->num_graphs);
     cJSON_AddNumberToObject(o, "graph_capture_s", b->graph_s);
     cJSON_AddNumberToObject(o, "graph_bytes", (double)b->graph_bytes);

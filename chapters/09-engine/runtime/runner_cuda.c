@@ -804,12 +804,16 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const size_t packed = layout_step(&s->d, NULL, (int)Sm, (int)Sm, s->max_blocks);
     s->step_bytes = full > packed ? full : packed;
     if (dev_alloc(&s->d_step_mem, s->step_bytes, sb, "the step's inputs")) return -1;
-    for (int k = 0; k < 2; k++)
-        if (CUDA_TRY(cudaMallocHost(&s->h_stages[k], s->step_bytes)) ||
-            CUDA_TRY(cudaEventCreateWithFlags(&s->launch_ev[k], cudaEventDisableTiming))) {
+    for (int k = 0; k < 2; k++) {
+        if (CUDA_TRY(cudaMallocHost(&s->h_stages[k], s->step_bytes))) {
             s->h_stages[k] = NULL;
             return -1;
         }
+        if (CUDA_TRY(cudaEventCreateWithFlags(&s->launch_ev[k], cudaEventDisableTiming))) {
+            s->launch_ev[k] = NULL;
+            return -1;
+        }
+    }
     s->step_tm = (int)Tm, s->step_sm = (int)Sm;
     s->step_sg = -1;
     step_views(s, 0);
