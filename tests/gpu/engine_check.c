@@ -640,9 +640,12 @@ static void check_megakernel_split(void) {
     }
 }
 
-static void check_graphs_vs_eager(const char *dir, const golden_t *g) {
+// how: "" or what the runs have in common that the verdict should name.
+static void check_graphs_vs_eager(const char *dir, const golden_t *g, const char *how) {
     for (int sampled = 0; sampled < 2; sampled++) {
-        const char *what = sampled ? "sampled (T 0.8, top-k 20 / top-p 0.9 mixed, seeded)" : "greedy";
+        char what[160];
+        snprintf(what, sizeof what, "%s%s", sampled ? "sampled (T 0.8, top-k 20 / top-p 0.9 mixed, seeded)" : "greedy",
+                 how);
         engine_output_t a[MAX_CASES], b[MAX_CASES];
         logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
         int graphs = 0, none = 0;
@@ -742,6 +745,37 @@ static void check_async(const char *dir, const golden_t *g) {
     engine_outputs_free(b, n);
 }
 
+// ---- two halves of a decode step at once --------------------------------------------------
+// MV_DECODE_HALVES=4: every decode step of 4 rows or more runs its layers as
+// two chains of kernels on two streams, rows [0, S/2) and [S/2, S) (the cuda
+// runner's halves_rows). The golden cases through it (11 requests, 16 rows
+// at a time: steps of 11 down to 1 rows, padded to graphs of 16, 8 and 4
+// rows, or launched eagerly), and graphs against eager with it, which must
+// give the same bits: the same halves, the same kernels. On the
+// tensor-parallel path (MV_TP_COMM_OF_ONE=1) the runner never splits a step.
+static void check_halves(const char *dir, const golden_t *g) {
+    const char *was = getenv("MV_DECODE_HALVES");
+    char saved[32] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    setenv("MV_DECODE_HALVES", "4", 1);
+    const int tp_path = getenv("MV_TP_COMM_OF_ONE") && !strcmp(getenv("MV_TP_COMM_OF_ONE"), "1");
+    engine_t *e = make_graph_engine(dir, g_enforce_eager, 16, 0);
+    if (!e) {
+        verdict("FAIL", "%s two halves at once: %s", dir, mv_last_error());
+    } else {
+        const int rows = e->runner->halves_rows;
+        engine_free(e);
+        if (rows != (tp_path ? 0 : 4))
+            verdict("FAIL", "%s two halves at once: MV_DECODE_HALVES=4, the runner splits steps of %d rows or more "
+                    "(want %d)", dir, rows, tp_path ? 0 : 4);
+        const run_cfg_t rc = {"batched, two halves at once (MV_DECODE_HALVES=4)", 16, 512, 0, 0, 0, 0, 0};
+        run_golden(dir, RUNNER_DEVICE_CUDA, g, &rc);
+        if (!g_enforce_eager) check_graphs_vs_eager(dir, g, ", two halves at once (MV_DECODE_HALVES=4)");
+    }
+    if (was) setenv("MV_DECODE_HALVES", saved, 1);
+    else unsetenv("MV_DECODE_HALVES");
+}
+
 static void check_goldens(runner_device_t dev) {
     const run_cfg_t runs[] = {
         {"alone", 4, 256, 0, 0, 1, 0, 0},
@@ -779,8 +813,9 @@ static void check_goldens(runner_device_t dev) {
             run_golden(MODELS[m], dev, g, &runs[r]);
         }
         run_logits(MODELS[m], dev, g);
-        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g);
+        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g, "");
         if (dev == RUNNER_DEVICE_CUDA) check_async(MODELS[m], g);
+        if (dev == RUNNER_DEVICE_CUDA) check_halves(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel(MODELS[m], g, 0);
         golden_free(g);
         free(g);

@@ -9,7 +9,8 @@
 #      alone / batched / prefix-cached / chunked / preempted / memory-sized,
 #      first-step logits, CUDA graphs against eager launches (bit-identical
 #      tokens and logits), the decode megakernel's graphs (MV_MEGAKERNEL=1, the default)
-#      and the unfused graphs (MV_MEGAKERNEL=0) against eager at 1, 2, 4 and 8 rows, and
+#      and the unfused graphs (MV_MEGAKERNEL=0) against eager at 1, 2, 4 and 8 rows, decode steps as
+#      two halves at once (MV_DECODE_HALVES=4: the goldens, and graphs against eager), and
 #      the GPU sampler against its CPU reference;
 #      then the goldens again with --enforce-eager. One line
 #      per case: PASS, NEAR-TIE (a bf16 flip at an HF near tie, listed),

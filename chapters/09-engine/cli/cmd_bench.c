@@ -212,6 +212,7 @@ typedef struct {
     size_t graph_bytes;           // their GPU memory
     int megakernel_rows;          // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
     int async_scheduling;         // 1: asynchronous scheduling in effect (asked for, and the runner has it)
+    int halves_rows, halves_max_rows;  // cuda: decode steps of these many rows run as two halves at once (0: never)
     char megakernel_why[160];     // and why not beyond
     gpu_info_t gpu;               // probed on --device cuda
     bench_group_t groups[BENCH_MAX_BATCHES];  // 1 in throughput mode
@@ -589,6 +590,8 @@ static int run(bench_t *b) {
     b->graph_s = e->runner->graph_seconds;
     b->graph_bytes = e->runner->graph_bytes;
     b->megakernel_rows = e->runner->megakernel_rows;
+    b->halves_rows = e->runner->halves_rows;
+    b->halves_max_rows = e->runner->halves_max_rows;
     b->async_scheduling = !b->ec.no_async_scheduling && model_runner_can_launch(e->runner);
     snprintf(b->megakernel_why, sizeof b->megakernel_why, "%s", e->runner->megakernel_why);
     if (b->ec.device == RUNNER_DEVICE_CUDA) gpu_probe(&b->gpu, 0);
@@ -751,6 +754,9 @@ static void print_engine(const bench_t *b) {
         else
             printf("  %-16s off (%s)\n", "megakernel", b->megakernel_why);
     }
+    if (c->device == RUNNER_DEVICE_CUDA && b->halves_rows)
+        printf("  %-16s decode steps of %d to %d rows as two halves at once (MV_DECODE_HALVES)\n", "two halves",
+               b->halves_rows, b->halves_max_rows);
 }
 
 static void print_throughput(const bench_t *b) {
@@ -1084,6 +1090,8 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     cJSON_AddNumberToObject(o, "graph_bytes", (double)b->graph_bytes);
     cJSON_AddNumberToObject(o, "megakernel_rows", b->megakernel_rows);
     cJSON_AddStringToObject(o, "megakernel_not", b->megakernel_why);
+    cJSON_AddNumberToObject(o, "halves_rows", b->halves_rows);
+    cJSON_AddNumberToObject(o, "halves_max_rows", b->halves_max_rows);
     cJSON_AddItemToObject(o, "config", config_json(&b->model, &b->ec));
     char *s = cJSON_Print(o);
     cJSON_Delete(o);

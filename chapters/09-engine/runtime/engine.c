@@ -234,6 +234,9 @@ int engine_create(const engine_config_t *cfg, engine_t **out) {
                     e->runner->megakernel_why[0] ? "; not " : "", e->runner->megakernel_why);
         else if (e->runner->num_graphs > 0)
             fprintf(stderr, "minivllm: decode megakernel: off (%s)\n", e->runner->megakernel_why);
+        if (e->runner->halves_rows > 0)
+            fprintf(stderr, "minivllm: decode steps of %d to %d rows run as two halves at once\n",
+                    e->runner->halves_rows, e->runner->halves_max_rows);
     }
     // The runner converted the weights into its own buffers. A mapped file
     // costs nothing to keep, but random weights are a second copy in memory.

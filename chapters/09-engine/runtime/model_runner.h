@@ -162,6 +162,8 @@ struct model_runner {
     size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
     int megakernel_rows;              // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
     char megakernel_why[160];         // cuda: why not at the first size it does not take ("" when it takes all)
+    int halves_rows, halves_max_rows; // cuda: decode steps of halves_rows to halves_max_rows rows run as two
+                                      // halves at once (two streams; 0: never)
     tp_comm_t tp;                     // the tensor-parallel ranks (size 1: this process alone)
     int followers_waiting;            // rank 0 of tp > 1: the other ranks follow its steps (a stop is owed)
     int failure_agreed;               // tp > 1: the backend's create failed after an agreement of its own

@@ -22,7 +22,9 @@
  *             addresses every step. Two staging copies, used in turn by
  *             launched steps (cuda_launch_sample), so that the host fills
  *             one while the other's upload or ids are still in flight.
- *   one stream, one cuBLAS handle with a workspace we own.
+ *   one stream, one cuBLAS handle with a workspace we own; a second of
+ *             each for the decode steps that run as two halves at once
+ *             (cuda_state_t.halves_lo: the graph of 16 rows by default).
  *
  * One step, the kernels in order (T tokens, S rows, N sampled rows; the
  * order of a layer's calls is model_runner.h's, as the CPU backend's):
@@ -113,6 +115,14 @@
 // sm_90). Owning it keeps cuBLAS from allocating on its own: its bytes are
 // counted before the KV cache is sized, and its address never changes.
 #define CUBLAS_WORKSPACE_BYTES (32u << 20)
+// Decode steps of DECODE_HALVES_MIN to DECODE_HALVES_MAX rows (the size of
+// their graph) run as two halves at once, unless MV_DECODE_HALVES says
+// otherwise (cuda_state_t.halves_lo). Measured on Qwen3-0.6B's shapes, H200
+// and H100: the graph of 16 rows (steps of 9 to 16) gains 5 to 8%; from 24
+// rows on two halves lose, 1 to 14%, and at 4 and 8 rows 10 to 18%
+// (docs/09-engine.md, "Two halves of a step at once").
+#define DECODE_HALVES_MIN 16
+#define DECODE_HALVES_MAX 16
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9f
 #define DECODE_MAX_SIZES 64
 
@@ -257,6 +267,20 @@ typedef struct {
     bf16_t *d_residual2;                  // [8, H] the megakernel's second residual buffer
     unsigned *d_mk_barrier;               // its grid barrier's counter
     unsigned long long *d_mk_timeline;    // MV_MEGAKERNEL_PROFILE=1: the last step's barrier times
+    // Two halves at once: a decode step of halves_lo to halves_hi rows (at
+    // tp 1, outside the megakernel) runs its layers as two independent
+    // chains of kernels, rows [0, S/2) on `stream` and the rest on stream2,
+    // each with its own cuBLAS handle and workspaces, forked after the
+    // embedding and joined before the final norm, so that each chain's
+    // kernels can run in the gaps the other's leave (docs/09-engine.md,
+    // "Two halves of a step at once"; MV_DECODE_HALVES sets the band).
+    int halves_lo, halves_hi;             // decode steps of halves_lo to halves_hi rows (0: none)
+    cudaStream_t stream2;
+    cublasHandle_t cublas2;
+    void *d_cublas_ws2;                   // [CUBLAS_WORKSPACE_BYTES]
+    void *d_attn_ws2;                     // the split decode's partials of the second half's rows
+    size_t attn_ws2_bytes;
+    cudaEvent_t fork_ev, join_ev;
     // The tensor-parallel path only (NULL otherwise):
 #if MV_HAVE_NCCL
     ncclComm_t nccl;                  // this rank's NCCL communicator
@@ -485,6 +509,9 @@ static void cuda_destroy(model_runner_t *r) {
                 "from before the inputs' upload to after the ids' download), %.1f us on the host around the same "
                 "calls\n", s->step_timed, 1e3 * s->step_gpu_ms / (double)s->step_timed,
                 1e6 * s->step_host_s / (double)s->step_timed);
+    if (s->stream2) cudaStreamSynchronize(s->stream2);
+    if (s->fork_ev) cudaEventDestroy(s->fork_ev);
+    if (s->join_ev) cudaEventDestroy(s->join_ev);
     for (int k = 0; k < 2; k++) {
         if (s->step_ev[k]) cudaEventDestroy(s->step_ev[k]);
         if (s->launch_ev[k]) cudaEventDestroy(s->launch_ev[k]);
@@ -518,13 +545,16 @@ static void cuda_destroy(model_runner_t *r) {
     void *scratch[] = {s->d_residual, s->d_hidden, s->d_x,     s->d_qkv,         s->d_attn,    s->d_gate_up,
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
                        s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
-                       s->d_raw,       s->d_sample_ws, s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline};
+                       s->d_raw,       s->d_sample_ws, s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline,
+                       s->d_cublas_ws2, s->d_attn_ws2};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     for (int k = 0; k < 2; k++)
         if (s->h_stages[k]) cudaFreeHost(s->h_stages[k]);
     if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
     if (s->cublas) cublasDestroy(s->cublas);
+    if (s->cublas2) cublasDestroy(s->cublas2);
     if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->stream2) cudaStreamDestroy(s->stream2);
     free(s);
     r->state = NULL;
 }
@@ -675,6 +705,57 @@ static int check_switches(void) {
 
 // Weights, RoPE cache, scratch and step buffers: everything a runner holds
 // but its KV cache and its graphs (the part that needs no other rank).
+// MV_DECODE_HALVES=LO or LO-HI: decode steps (their graph's size) of LO
+// rows or more, and at most HI, run as two halves at once; 0 turns it off.
+// Unset: DECODE_HALVES_MIN to DECODE_HALVES_MAX.
+static int decode_halves_band(int *lo, int *hi) {
+    const char *v = getenv("MV_DECODE_HALVES");
+    *lo = DECODE_HALVES_MIN, *hi = DECODE_HALVES_MAX;
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    const long a = strtol(v, &end, 10);
+    long b = INT_MAX;
+    if (*end == '-') b = strtol(end + 1, &end, 10);
+    if (end == v || *end || a < 0 || a > INT_MAX || b < a || b > INT_MAX)
+        return mv_error("MV_DECODE_HALVES=%s: expected a number of rows LO or a range LO-HI (0 turns the two halves "
+                        "off)", v);
+    *lo = (int)a, *hi = (int)b;
+    return 0;
+}
+
+// The second half's stream, cuBLAS handle, workspaces and the fork and join
+// events, when decode steps of max_num_seqs Sm rows could run as two halves.
+static int decode_halves_prepare(model_runner_t *r, cuda_state_t *s, int Sm, int nq, int hd) {
+    int lo = 0, hi = 0;
+    if (decode_halves_band(&lo, &hi)) return -1;
+    if (lo == 0 || lo > Sm || hi < 2) return 0;
+    if (lo < 2) lo = 2;  // each half needs a row
+    size_t *sb = &r->scratch_bytes;
+    s->attn_ws2_bytes = attention_decode_workspace_bytes((Sm + 1) / 2, nq, hd, ATTN_DECODE_MAX_SPLITS);
+    if (CUDA_TRY(cudaStreamCreateWithFlags(&s->stream2, cudaStreamNonBlocking))) {
+        s->stream2 = NULL;
+        return -1;
+    }
+    if (CUDA_TRY(cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming)) ||
+        CUDA_TRY(cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming)))
+        return -1;
+    cublasStatus_t st = cublasCreate(&s->cublas2);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        s->cublas2 = NULL;
+        return mv_error("cublasCreate (the second half's handle): %s", cublasGetStatusName(st));
+    }
+    if (dev_alloc(&s->d_cublas_ws2, CUBLAS_WORKSPACE_BYTES, sb, "the second half's cuBLAS workspace") ||
+        dev_alloc(&s->d_attn_ws2, s->attn_ws2_bytes, sb, "the second half's split-decode workspace"))
+        return -1;
+    st = cublasSetStream(s->cublas2, s->stream2);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(s->cublas2, s->d_cublas_ws2, CUBLAS_WORKSPACE_BYTES);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return mv_error("cublasSetStream/cublasSetWorkspace (the second half's handle): %s", cublasGetStatusName(st));
+    s->halves_lo = r->halves_rows = lo;
+    s->halves_hi = r->halves_max_rows = hi < Sm ? hi : Sm;
+    return 0;
+}
+
 static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
@@ -777,6 +858,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
         dev_alloc((void **)&s->d_logits, Sm * V * sizeof(float), sb, "the fp32 logits") ||
         dev_alloc(&s->d_attn_ws, s->attn_ws_bytes, sb, "the split-decode workspace"))
         return -1;
+    if (!s->collectives && decode_halves_prepare(r, s, (int)Sm, nq, hd)) return -1;
     // The options' buffers (V is 0 off rank 0). A row's ids: its whole
     // sequence (at most max_model_len) and its min_tokens stop ids.
     s->opt_ids_cap = V ? (int)(Sm * (size_t)(rc->max_model_len + OPT_STOP_IDS)) : 0;
@@ -972,42 +1054,63 @@ static int decode_attention_version(void) {
     return version;
 }
 
-// One decoder layer over the step's T tokens (see the list at the top).
+// The rows one chain of kernels runs: the whole step (row0 0, every token
+// and row, on s->stream), or one half of a decode step of two halves at
+// once (cuda_state_t.halves_lo), on its own stream and cuBLAS handle.
+// Every activation buffer is [tokens, width] row-major and every step array
+// per token or per row, so a half is the same buffers from row row0 on.
+typedef struct {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    int row0;                 // its first token and row (0 unless a decode step's second half)
+    int T, S;                 // its tokens and rows
+    void *attn_ws;            // the split decode's partials of its rows
+    size_t attn_ws_bytes;
+} rows_part_t;
+
+// One decoder layer over a part's T tokens (see the list at the top).
 // decode_rows: how many rows, from the first, have one query token each
 // (all S in a decode step; in a mixed step the running rows ahead of the
 // prompts, as the scheduler orders them).
-static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const runner_step_t *in,
+static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer_t *cl, const rows_part_t *p,
                       int max_seqlen_q, int max_context_len, int decode_rows) {
     const qwen3_config_t *c = &r->cfg;
     const runner_config_t *rc = &r->rc;
     const qwen3_merged_t *qkv = &s->layout.qkv;
     // This rank's heads and I/N columns (at tp 1 the model's own counts).
-    const int T = in->num_tokens, S = in->num_seqs, H = c->hidden_size, I = s->layout.down.in_local, hd = c->head_dim;
+    const int T = p->T, S = p->S, H = c->hidden_size, I = s->layout.down.in_local, hd = c->head_dim;
     const int nq = c->num_attention_heads / s->layout.tp_size, nkv = qkv->tp.kv_heads_local;
-    const int qn = nq * hd, qkv_n = qkv->rows, nb = rc->num_blocks, bs = rc->block_size;
+    const int qn = nq * hd, qkv_n = qkv->rows, nb = rc->num_blocks, bs = rc->block_size, gu = s->layout.gate_up.rows;
     const int tp = s->collectives;
     // o_proj's bias is added once: by rank 0, into its partial sum.
     const bf16_t *o_bias = s->layout.tp_rank == 0 ? cl->d_o_bias : NULL;
     // A qkv output row's k and v columns are the merged weight's k and v rows.
     const int k_col = qkv->piece[QWEN3_PART_K].dst_row, v_col = qkv->piece[QWEN3_PART_V].dst_row;
     const float eps = (float)c->rms_norm_eps, scale = 1.0f / sqrtf((float)hd);
-    cudaStream_t st = s->stream;
+    cudaStream_t st = p->stream;
+    cublasHandle_t cb = p->cublas;
     const step_buffers_t *d = &s->d;
+    // This part's rows of the activations and of the step's arrays.
+    const size_t r0 = (size_t)p->row0;
+    bf16_t *hidden = s->d_hidden + r0 * H, *residual = s->d_residual + r0 * H, *x = s->d_x + r0 * H;
+    bf16_t *qkv_out = s->d_qkv + r0 * qkv_n, *attn = s->d_attn + r0 * qn, *gate_up = s->d_gate_up + r0 * gu;
+    bf16_t *act = s->d_act + r0 * I;
+    const int32_t *positions = d->positions + r0, *slots = d->slot_mapping + r0, *ctx = d->context_lens + r0;
+    const int32_t *tables = d->block_tables + r0 * s->max_blocks;
 
     // q/k norm + RoPE and the KV store in one kernel where the qkv row is
     // [q | k | v] (it is, for every tp: qwen3_layout), the same bits as the
     // two kernels (kernels/rope.h); unless MV_FUSED_ROPE_STORE=0.
     const int merged = k_col == nq * hd && v_col == (nq + nkv) * hd && qkv_n == (nq + 2 * nkv) * hd;
-    if (linear_cuda(s->cublas, s->d_qkv, s->d_hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st))
-        return -1;
+    if (linear_cuda(cb, qkv_out, hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st)) return -1;
     if (merged && s->fused_rope_store) {
-        if (qk_norm_rope_store_cuda(s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, cl->d_k_cache,
-                                    cl->d_v_cache, d->slot_mapping, T, nq, nkv, hd, eps, bs, nb, st))
+        if (qk_norm_rope_store_cuda(qkv_out, cl->d_q_norm, cl->d_k_norm, positions, &s->rope, cl->d_k_cache,
+                                    cl->d_v_cache, slots, T, nq, nkv, hd, eps, bs, nb, st))
             return -1;
-    } else if (qk_norm_rope_cuda(ROPE_FAST, s->d_qkv, cl->d_q_norm, cl->d_k_norm, d->positions, &s->rope, T, nq, nkv,
-                                 hd, eps, st) ||
-               store_kvcache_cuda(KV_STORE_FAST, s->d_qkv + k_col, qkv_n, s->d_qkv + v_col, qkv_n, cl->d_k_cache,
-                                  cl->d_v_cache, d->slot_mapping, T, nkv, hd, bs, nb, st)) {
+    } else if (qk_norm_rope_cuda(ROPE_FAST, qkv_out, cl->d_q_norm, cl->d_k_norm, positions, &s->rope, T, nq, nkv, hd,
+                                 eps, st) ||
+               store_kvcache_cuda(KV_STORE_FAST, qkv_out + k_col, qkv_n, qkv_out + v_col, qkv_n, cl->d_k_cache,
+                                  cl->d_v_cache, slots, T, nkv, hd, bs, nb, st)) {
         return -1;
     }
     // Rows of one query token (the first Sd, tokens 0 .. Sd-1) go to decode
@@ -1016,33 +1119,35 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // whose tiles of 128 queries a one-token row would leave nearly empty
     // (docs/09-engine.md, "Mixed steps"). Both write their rows of d_attn;
     // the prefill launch takes the remaining rows' slices of the step's
-    // arrays (cu_seqlens_q holds absolute token offsets).
+    // arrays (cu_seqlens_q holds absolute token offsets: only the whole
+    // step, row0 0, has prompts).
     const int Sd = T == S ? S : s->split_mixed ? decode_rows : 0;
-    int rca = Sd > 0 && attention_decode_cuda(decode_attention_version(), 0, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache,
-                                              cl->d_v_cache, d->context_lens, d->block_tables, Sd, max_context_len, nq,
-                                              nkv, hd, bs, nb, s->max_blocks, scale, s->d_attn_ws, s->attn_ws_bytes, st);
+    int rca = Sd > 0 && attention_decode_cuda(decode_attention_version(), 0, attn, qkv_out, qkv_n, cl->d_k_cache,
+                                              cl->d_v_cache, ctx, tables, Sd, max_context_len, nq, nkv, hd, bs, nb,
+                                              s->max_blocks, scale, p->attn_ws, p->attn_ws_bytes, st);
     if (!rca && Sd < S)
-        rca = attention_prefill_cuda(ATTN_PREFILL_FAST, s->d_attn, s->d_qkv, qkv_n, cl->d_k_cache, cl->d_v_cache,
-                                     d->cu_seqlens_q + Sd, d->context_lens + Sd,
-                                     d->block_tables + (size_t)Sd * s->max_blocks, S - Sd, max_seqlen_q, nq, nkv, hd,
-                                     bs, nb, s->max_blocks, scale, st);
-    if (rca || linear_cuda(s->cublas, s->d_x, s->d_attn, cl->d_o_proj, o_bias, T, H, qn, st) ||
-        (tp && tp_allreduce_sum(s, s->d_x, (size_t)T * H, "o_proj")))
+        rca = p->row0 != 0 ? mv_error("a part of a step from row %d holds prompts", p->row0)
+                           : attention_prefill_cuda(ATTN_PREFILL_FAST, attn, qkv_out, qkv_n, cl->d_k_cache,
+                                                    cl->d_v_cache, d->cu_seqlens_q + Sd, ctx + Sd,
+                                                    tables + (size_t)Sd * s->max_blocks, S - Sd, max_seqlen_q, nq, nkv,
+                                                    hd, bs, nb, s->max_blocks, scale, st);
+    if (rca || linear_cuda(cb, x, attn, cl->d_o_proj, o_bias, T, H, qn, st) ||
+        (tp && tp_allreduce_sum(s, x, (size_t)T * H, "o_proj")))
         return -1;
 
-    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, cl->d_post_norm, T, H, eps, st) ||
-        linear_cuda(s->cublas, s->d_gate_up, s->d_hidden, cl->d_gate_up, NULL, T, s->layout.gate_up.rows, H, st))
+    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, hidden, residual, x, cl->d_post_norm, T, H, eps, st) ||
+        linear_cuda(cb, gate_up, hidden, cl->d_gate_up, NULL, T, gu, H, st))
         return -1;
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
-    if (s->fast_decode && T == S && linear_auto_version(s->d_act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
-        if (linear_silu_mul_cuda(s->d_x, s->d_gate_up, cl->d_down, T, H, I, st)) return -1;
-    } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, s->d_act, s->d_gate_up, T, I, st) ||
-               linear_cuda(s->cublas, s->d_x, s->d_act, cl->d_down, NULL, T, H, I, st)) {
+    if (s->fast_decode && T == S && linear_auto_version(act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
+        if (linear_silu_mul_cuda(x, gate_up, cl->d_down, T, H, I, st)) return -1;
+    } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, st) ||
+               linear_cuda(cb, x, act, cl->d_down, NULL, T, H, I, st)) {
         return -1;
     }
-    return tp ? tp_allreduce_sum(s, s->d_x, (size_t)T * H, "down_proj") : 0;
+    return tp ? tp_allreduce_sum(s, x, (size_t)T * H, "down_proj") : 0;
 }
 
 // tp > 1: the LM head on this rank's vocabulary rows, every rank's block
@@ -1177,8 +1282,6 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     const qwen3_config_t *c = &r->cfg;
     const int H = c->hidden_size, V = c->vocab_size;
     const float eps = (float)c->rms_norm_eps;
-    const runner_step_t in_sizes = {.num_tokens = T, .num_seqs = S, .num_sample = N};
-    const runner_step_t *in = &in_sizes;
     const int k = s->fast_decode && T == S && N == S ? decode_size_index(s, S) : -1;
     if (k >= 0 && s->sizes[k] == S && s->megakernel[k]) {
         // The decode megakernel: every layer and the final norm in one kernel.
@@ -1205,21 +1308,55 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     } else if (embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream)) {
         return -1;
     }
-    if (rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->layers[0].d_input_norm, T, H, eps, s->stream))
-        return -1;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x,
-                                             s->layers[l].d_input_norm, T, H, eps, s->stream)) ||
-            cuda_layer(r, s, &s->layers[l], in, max_seqlen_q, max_context_len, decode_rows))
-            return mv_error_prefix("layer %d", l);
+    // The whole step as one chain of kernels, or a decode step of
+    // halves_lo to halves_hi rows as two halves at once: the second half's
+    // chain on stream2, forked here (after the embedding) and joined before
+    // the final norm. The kernel after a fork or a join is launched without
+    // PDL: it waits for all of the other stream's work, not for one kernel.
+    rows_part_t parts[2] = {{s->stream, s->cublas, 0, T, S, s->d_attn_ws, s->attn_ws_bytes}};
+    int num_parts = 1;
+    const int pdl = mv_pdl_enabled();
+    if (s->halves_lo > 0 && !s->collectives && T == S && S >= s->halves_lo && S <= s->halves_hi) {
+        const int h = S / 2;
+        parts[0].T = parts[0].S = h;
+        parts[1] = (rows_part_t){s->stream2, s->cublas2, h, S - h, S - h, s->d_attn_ws2, s->attn_ws2_bytes};
+        num_parts = 2;
+        if (CUDA_TRY(cudaEventRecord(s->fork_ev, s->stream)) || CUDA_TRY(cudaStreamWaitEvent(s->stream2, s->fork_ev, 0)))
+            return mv_error_prefix("forking a decode step of %d rows into two halves", S);
     }
+    for (int part = 0; part < num_parts; part++) {
+        const rows_part_t *p = &parts[part];
+        const size_t o = (size_t)p->row0 * H;
+        if ((part > 0 && pdl && mv_pdl_set(0)) ||
+            rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->layers[0].d_input_norm, p->T, H, eps,
+                         p->stream) ||
+            (part > 0 && pdl && mv_pdl_set(1)))
+            return -1;
+    }
+    // Layer by layer, each part in turn: launched eagerly, neither half
+    // waits behind all of the other's launches.
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        for (int part = 0; part < num_parts; part++) {
+            const rows_part_t *p = &parts[part];
+            const size_t o = (size_t)p->row0 * H;
+            if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->d_x + o,
+                                                 s->layers[l].d_input_norm, p->T, H, eps, p->stream)) ||
+                cuda_layer(r, s, &s->layers[l], p, max_seqlen_q, max_context_len, decode_rows))
+                return mv_error_prefix("layer %d", l);
+        }
+    }
+    if (num_parts == 2 &&
+        (CUDA_TRY(cudaEventRecord(s->join_ev, s->stream2)) || CUDA_TRY(cudaStreamWaitEvent(s->stream, s->join_ev, 0))))
+        return mv_error_prefix("joining the two halves of a decode step of %d rows", S);
     if (N == 0) return 0;
     // The sampled rows' hidden states: when every token is sampled (T == N:
     // a decode step, each row one token, cu_last 0, 1, ..., N), the final
     // norm's rows themselves, with no gather.
     const bf16_t *last = T == N ? s->d_hidden : s->d_last;
-    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, s->d_final_norm, T, H, eps,
+    if ((num_parts == 2 && pdl && mv_pdl_set(0)) ||
+        fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden, s->d_residual, s->d_x, s->d_final_norm, T, H, eps,
                                s->stream) ||
+        (num_parts == 2 && pdl && mv_pdl_set(1)) ||
         (T != N && gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream)))
         return -1;
     if (s->collectives) return lm_head_tp(r, s, last, N);
