@@ -533,6 +533,83 @@ def render_engine_async(runs):
     return "\n".join(out) + "\n"
 
 
+HALVES_CARDS = (("h200", "NVIDIA H200"), ("h100", "NVIDIA H100"))
+
+
+def halves_band(d):
+    lo, hi = d.get("halves_rows", 0), d.get("halves_max_rows", 0)
+    return f"{lo}-{hi}" if hi and hi < d["config"]["max_num_seqs"] else f"{lo}"
+
+
+def render_engine_halves():
+    """Two halves of a decode step at once against one chain, same call each: per card, latency pairs
+    (small batches first: the first pair holding a batch gives its row), the workload, and the run
+    whose projections all went to cuBLAS."""
+    cards, notes = [], []
+    for key, label in HALVES_CARDS:
+        pairs = []
+        for part in ("small", "lat"):
+            off, on = load(f"09-engine.halves-{key}-{part}-off.json"), load(f"09-engine.halves-{key}-{part}-on.json")
+            if not (off and on):
+                return None
+            pairs.append((off, on))
+        wl = (load(f"09-engine.halves-{key}-workload-off.json"), load(f"09-engine.halves-{key}-workload-on.json"))
+        if not all(wl):
+            return None
+        cards.append((label, pairs, wl))
+        runs = []
+        for off, on in pairs:
+            bs = [b["batch"] for b in on["batches"]]
+            runs.append(f"{on['run']}, batches {bs[0]} to {bs[-1]} with `MV_DECODE_HALVES={halves_band(on)}`" +
+                        (", and the workload" if wl[1]["run"] == on["run"] else ""))
+        notes.append(f"{pairs[0][1]['gpu']} ({pairs[0][1]['date'][:10]}): " + "; ".join(runs))
+    rows = {}
+    for ci, (label, pairs, wl) in enumerate(cards):
+        for off, on in pairs:
+            for a, b in zip(off["batches"], on["batches"]):
+                assert a["batch"] == b["batch"]
+                rows.setdefault(a["batch"], [None] * len(cards))
+                if rows[a["batch"]][ci] is None:
+                    rows[a["batch"]][ci] = (a["output_tok_s"]["median"], b["output_tok_s"]["median"],
+                                            a["tpot_ms"]["p50"], b["tpot_ms"]["p50"])
+    head = "| batch | " + " | ".join(f"{label}: one chain, tok/s (TPOT ms) | two halves | halves / one"
+                                      for label, _, _ in cards) + " |"
+    out = ["`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --latency --batch B "
+           "--prompt-len 512 --output-len 256 --repeat 1` (and the workload: `--input W --sampling greedy --repeat 2`, "
+           "W from `tests/bench/nanovllm_workload.py`), each with `MV_DECODE_HALVES=0` (one chain of kernels, the "
+           "engine before this change) and with two halves at once, one after the other in the same call. " +
+           ". ".join(notes) + ". The binaries were built from the working tree that became commit fdb126b, "
+           "before its default band (commits " + ", ".join(sorted({d[1]["commit"] for _, p, w in cards
+                                                                    for d in p + [w]})) +
+           " in the JSON); the H100's runs had the first form of `MV_DECODE_HALVES`, a lower bound alone. "
+           "Each cell's two figures come from the same call.",
+           "", head, "| ---: |" + " ---: | ---: | ---: |" * len(cards)]
+    for b in sorted(rows):
+        cells = []
+        for r in rows[b]:
+            cells += (["", "", ""] if r is None else
+                      [f"{r[0]:,.0f} ({r[2]:.3f})", f"{r[1]:,.0f} ({r[3]:.3f})", f"{r[1] / r[0]:.3f}"])
+        out.append(f"| {b} | " + " | ".join(cells) + " |")
+    cells = []
+    for _, _, (off, on) in cards:
+        cells += [f"{off['output_tok_s']:,.0f} ({off['tpot_ms']['p50']:.2f})",
+                  f"{on['output_tok_s']:,.0f} ({on['tpot_ms']['p50']:.2f})",
+                  f"{on['output_tok_s'] / off['output_tok_s']:.3f}"]
+    out.append("| the workload | " + " | ".join(cells) + " |")
+    off, on = load("09-engine.halves-h200-small-cublas-off.json"), load("09-engine.halves-h200-small-cublas-on.json")
+    if off and on:
+        out += ["", f"The same call on the {on['gpu']} ({on['run']}), with every projection sent to cuBLAS by a "
+                "switch of that binary alone (so that neither a step of 16 rows nor its halves of 8 take the "
+                "GEMV):", "",
+                "| batch | cuBLAS only: one chain, tok/s (TPOT ms) | two halves | halves / one |",
+                "| ---: | ---: | ---: | ---: |"]
+        for a, b in zip(off["batches"], on["batches"]):
+            out.append(f"| {a['batch']} | {a['output_tok_s']['median']:,.0f} ({a['tpot_ms']['p50']:.3f}) | "
+                       f"{b['output_tok_s']['median']:,.0f} ({b['tpot_ms']['p50']:.3f}) | "
+                       f"{b['output_tok_s']['median'] / a['output_tok_s']['median']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
 def render_engine_scaling(batch, contexts):
     c = batch["config"]
     ceil = copy_ceiling()
@@ -1850,6 +1927,9 @@ def engine_blocks():
                           ("latency, 512 + 256", "latency"))]
     if all(on and off for _, on, off in ar):
         out["09-engine:async"] = ("09-engine.async-single-on.json", render_engine_async(ar))
+    hv = render_engine_halves()
+    if hv:
+        out["09-engine:halves"] = ("09-engine.halves-h200-small-on.json", hv)
     ws = [(what, load(name)) for what, name in WORKLOAD_JSONS]
     if all(d for _, d in ws):
         out["09-engine:workload"] = (WORKLOAD_JSONS[0][1], render_engine_workload(ws))
