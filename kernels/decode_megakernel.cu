@@ -1260,7 +1260,7 @@ static size_t share_bytes(int N, int K, int blocks, unsigned pad = 0) {
 static int gemv_version(int M) {
     const int forced = linear_gemv_forced();
     if (forced == LINEAR_GEMV) return LINEAR_GEMV;
-    return M <= LINEAR_GEMV_MMA_MAX_M && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)
+    return M <= GEMV_MMA_COLS && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)
                ? LINEAR_GEMV_MMA : LINEAR_GEMV;
 }
 

@@ -5,10 +5,12 @@
  * rows of W from shared memory, under MV_LINEAR_GEMV=3). Both must give the
  * same bits, so the order of a row's sum is fixed here, once.
  *
- * y[m][n] = sum_k W[n][k] x[m][k] for M <= 8 tokens, as one
+ * y[m][n] = sum_k W[n][k] x[m][k] for M <= 32 tokens, as one
  * mma.sync.m16n8k16 (bf16 in, fp32 accumulate) after another: the MMA's
- * A operand is 16 rows of W, its B operand the M tokens (the n8 columns,
- * those past M zero), its D the 16 x 8 sums. One MMA does 16 x 8 x 16
+ * A operand is 16 rows of W, its B operand 8 of the tokens (the n8
+ * columns, those past M zero), its D the 16 x 8 sums. Past 8 tokens the
+ * tokens come in groups of 8, and each group has its own MMAs and its own
+ * D, fed by the same A: token m is column m % 8 of group m / 8. One MMA does 16 x 8 x 16
  * multiply-adds; version 2 (fp32 FMAs on unpacked bf16) spends ~15
  * instructions a lane on 16 bytes of W at M = 1 and more with every token,
  * the MMA two instructions on 64 bytes of each of 16 rows, whatever M is.
@@ -19,7 +21,8 @@
  *     of `per` consecutive chunks (gemv_mma_split: at most 8 chunks, 256
  *     values, a slice while S <= 16; longer slices past K = 4,096).
  *   - Lane (g, t) = (lane / 4, lane % 4) of the MMA reads 8 consecutive
- *     values k = 32 c + 8 t .. + 7 of rows g and g + 8 and of token g. Its
+ *     values k = 32 c + 8 t .. + 7 of rows g and g + 8 and of token g (of
+ *     token 8 j + g for group j). Its
  *     16 bytes feed two MMAs: values 0-3 the first, 4-7 the second (the
  *     k-slots 2t, 2t+1, 2t+8, 2t+9 of each; A and B use the same mapping,
  *     so each MMA still sums matching products). Values past K are zeros.
@@ -36,7 +39,9 @@
 #include <stdint.h>
 
 #define GEMV_MMA_ROWS 16       // rows of W an MMA tile holds
-#define GEMV_MMA_MAX_M 8       // tokens: the MMA's n8 (LINEAR_GEMV_MMA_MAX_M)
+#define GEMV_MMA_COLS 8        // tokens an MMA takes: its n8
+#define GEMV_MMA_MAX_GROUPS 4  // groups of GEMV_MMA_COLS tokens a launch of linear version 3 takes
+#define GEMV_MMA_MAX_M (GEMV_MMA_COLS * GEMV_MMA_MAX_GROUPS)  // 32: LINEAR_GEMV_MMA_MAX_M
 #define GEMV_MMA_MAX_SLICES 16
 #define GEMV_MMA_SLICE_CHUNKS 8  // chunks of 32 a slice holds while S <= GEMV_MMA_MAX_SLICES
 

@@ -437,20 +437,24 @@ extern "C" int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf
 // ---- version 3: the tensor-core GEMV -----------------------------------------------------
 //
 // The sums of kernels/gemv_mma.cuh: W's rows in tiles of 16, each the A
-// operand of mma.sync.m16n8k16, the M <= 8 tokens the B operand. A block
-// owns one tile and has one warp per slice of K (S warps, 4 for K = 1,024,
-// 12 for K = 3,072); a warp issues the loads of up to 8 chunks of its
-// slice (for rows g and g + 8 of the tile: 16 loads of 16 bytes a lane,
-// 8 KB a warp) before its first MMA, then the MMAs as they arrive. The
-// warps' D tiles meet in shared memory, and thread (row, token) adds its
-// S slices in order, adds the bias and rounds once.
+// operand of mma.sync.m16n8k16, the M <= 32 tokens the B operands, in
+// groups of 8 (NG of them, a template instance each). A block owns one tile
+// and has one warp per slice of K (S warps, 4 for K = 1,024, 12 for K =
+// 3,072); a warp issues the loads of up to 8 chunks of its slice (4 from
+// two groups on; for rows g and g + 8 of the tile: 16 loads of 16 bytes a
+// lane, 8 KB a warp) before its first MMA, then, per chunk, two MMAs for
+// each group, all on the same 16 bytes of W a lane. The warps' D tiles
+// meet in shared memory, and thread (row, token) adds its S slices in
+// order, adds the bias and rounds once. A group is the same MMAs whichever
+// group it is, so a token's bits do not depend on M.
 //
 // Why it is faster than version 2 where the GEMV is not waiting for HBM
 // (the decode megakernel reads W from shared memory): per 16 bytes of a
 // row version 2 issues ~15 instructions a lane at M = 1 (a load, unpacking
 // W and x to fp32, 8 FMAs per row, a share of the shuffle tree), version 3
 // one load and one MMA per 16 bytes of two rows, with no unpacking and no
-// shuffles, at any M up to 8. From HBM both are bound by the bytes.
+// shuffles, at any M up to 8 (and 2 NG MMAs for NG groups). From HBM both
+// are bound by the bytes until version 2's issue runs out (M of 8 and up).
 
 // 16 bytes of an activation that the kernel ahead wrote: a volatile asm,
 // so that the compiler keeps it after pdl_wait() (also a volatile asm). An
@@ -468,12 +472,14 @@ __device__ __forceinline__ uint4 load_activation(const bf16 *p) {
 
 // x's 16 bytes for the B operand: token m's values k0 .. k0 + 7 as bf16.
 struct gemv_mma_x_plain {
+    static constexpr bool converts = false;
     static __device__ __forceinline__ uint4 load(const bf16 *x, int m, int K, int k0) {
         return load_activation(x + (long long)m * K + k0);
     }
 };
 // SiluAndMul(gate_up) rounded to bf16 as gemv_x_silu_mul rounds it.
 struct gemv_mma_x_silu_mul {
+    static constexpr bool converts = true;
     static __device__ __forceinline__ uint4 load(const bf16 *gate_up, int m, int K, int k0) {
         const bf16 *row = gate_up + (long long)m * 2 * K;
         float g[8], u[8];
@@ -483,26 +489,37 @@ struct gemv_mma_x_silu_mul {
     }
 };
 
-#define GEMV_MMA_BATCH 8  // chunks a warp loads before it computes
+// Chunks a warp loads before it computes: 8 for one group of tokens, 4 from
+// two groups on, where each chunk also holds NG 16-byte pieces of x (at NG =
+// 4, 4 chunks are 32 registers of W and 64 of x a lane; 8 would spill), and
+// 3 for SiluAndMul's input at 4 groups (its conversions spill at 4).
+template <typename X, int NG>
+struct gemv_mma_batch {
+    static constexpr int value = NG == 1 ? 8 : NG == 4 && X::converts ? 3 : 4;
+};
 
-template <typename X>
+// NG groups of 8 tokens (GEMV_MMA_COLS): M in (8 (NG - 1), 8 NG].
+template <typename X, int NG>
 __global__ void __launch_bounds__(32 * GEMV_MMA_MAX_SLICES)
 linear_gemv_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
                        const bf16 *__restrict__ bias, int M, int N, int K, int S, int per) {
-    __shared__ float part[GEMV_MMA_MAX_SLICES][GEMV_MMA_ROWS][GEMV_MMA_MAX_M];
+    constexpr int B = gemv_mma_batch<X, NG>::value, MT = GEMV_MMA_COLS * NG;
+    __shared__ float part[GEMV_MMA_MAX_SLICES][GEMV_MMA_ROWS][MT];
     const int lane = threadIdx.x % 32, q = threadIdx.x / 32, g = lane / 4, t = lane % 4;
     const long long row0 = (long long)blockIdx.x * GEMV_MMA_ROWS;
     const long long r_lo = row0 + g, r_hi = row0 + g + 8;
     const uint4 *w_lo = reinterpret_cast<const uint4 *>(W + (r_lo < N ? r_lo : 0) * K);
     const uint4 *w_hi = reinterpret_cast<const uint4 *>(W + (r_hi < N ? r_hi : 0) * K);
     const int C = (K + 31) / 32, c0 = q * per, c1 = min(C, c0 + per);
-    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float d[NG][4];
+#pragma unroll
+    for (int j = 0; j < NG; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
     pdl_launch_dependents();
     bool waited = false;
-    for (int cb = c0; cb < c1; cb += GEMV_MMA_BATCH) {
-        uint4 lo[GEMV_MMA_BATCH], hi[GEMV_MMA_BATCH], xv[GEMV_MMA_BATCH];
+    for (int cb = c0; cb < c1; cb += B) {
+        uint4 lo[B], hi[B], xv[B][NG];
 #pragma unroll
-        for (int u = 0; u < GEMV_MMA_BATCH; u++) {
+        for (int u = 0; u < B; u++) {
             const int c = cb + u, k0 = c * 32 + 8 * t;
             const bool ok = c < c1 && k0 < K;
             lo[u] = ok && r_lo < N ? load_weight_stream(w_lo + k0 / 8) : make_uint4(0, 0, 0, 0);
@@ -511,20 +528,30 @@ linear_gemv_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const
         // The first batch of W is in flight before the wait: x comes from the kernel ahead (PDL).
         if (!waited) pdl_wait(), waited = true;
 #pragma unroll
-        for (int u = 0; u < GEMV_MMA_BATCH; u++) {
+        for (int u = 0; u < B; u++) {
             const int c = cb + u, k0 = c * 32 + 8 * t;
-            xv[u] = c < c1 && k0 < K && g < M ? X::load(x, g, K, k0) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < NG; j++) {
+                const int m = GEMV_MMA_COLS * j + g;
+                xv[u][j] = c < c1 && k0 < K && m < M ? X::load(x, m, K, k0) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_MMA_BATCH; u++)
-            if (cb + u < c1) gemv_mma_chunk(d, lo[u], hi[u], xv[u]);
+        for (int u = 0; u < B; u++)
+            if (cb + u < c1)
+#pragma unroll
+                for (int j = 0; j < NG; j++) gemv_mma_chunk(d[j], lo[u], hi[u], xv[u][j]);
     }
     if (!waited) pdl_wait();
-    // D: lane (g, t) holds rows g, g + 8 of tokens 2t, 2t + 1.
-    part[q][g][2 * t] = d[0];
-    part[q][g][2 * t + 1] = d[1];
-    part[q][g + 8][2 * t] = d[2];
-    part[q][g + 8][2 * t + 1] = d[3];
+    // D of group j: lane (g, t) holds rows g, g + 8 of tokens 8 j + 2t, 8 j + 2t + 1.
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+        const int m = GEMV_MMA_COLS * j + 2 * t;
+        part[q][g][m] = d[j][0];
+        part[q][g][m + 1] = d[j][1];
+        part[q][g + 8][m] = d[j][2];
+        part[q][g + 8][m + 1] = d[j][3];
+    }
     __syncthreads();
     // 16 M outputs, S * 32 threads (as few as 32 when K <= 256).
     for (int o = threadIdx.x; o < GEMV_MMA_ROWS * M; o += blockDim.x) {
@@ -549,7 +576,21 @@ extern "C" int linear_gemv_forced(void) {
 }
 
 extern "C" int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K) {
-    return M >= 1 && M <= GEMV_MMA_MAX_M && linear_gemv_applies(d_x, d_W, M, K);
+    return M >= 1 && M <= GEMV_MMA_MAX_M && K >= 8 && K % 8 == 0 && d_x && d_W && mv_aligned(d_x, 16) &&
+           mv_aligned(d_W, 16);
+}
+
+// The kernel for `silu` and NG = ceil(M / 8) groups of tokens.
+template <int NG>
+static int launch_gemv_mma_groups(int silu, dim3 grid, dim3 block, bf16_t *d_out, const bf16_t *d_x,
+                                  const bf16_t *d_W, const bf16_t *d_bias, int M, int N, int K, int S, int per,
+                                  cudaStream_t stream) {
+    return CUDA_TRY(silu ? mv_launch(linear_gemv_mma_kernel<gemv_mma_x_silu_mul, NG>, grid, block, 0, stream,
+                                     (bf16 *)d_out, (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)NULL, M, N,
+                                     K, S, per)
+                         : mv_launch(linear_gemv_mma_kernel<gemv_mma_x_plain, NG>, grid, block, 0, stream,
+                                     (bf16 *)d_out, (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, M, N,
+                                     K, S, per));
 }
 
 static int launch_gemv_mma(int silu, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, const bf16_t *d_bias,
@@ -557,10 +598,13 @@ static int launch_gemv_mma(int silu, bf16_t *d_out, const bf16_t *d_x, const bf1
     int S, per;
     gemv_mma_split(K, &S, &per);
     const dim3 grid((unsigned)((N + GEMV_MMA_ROWS - 1) / GEMV_MMA_ROWS)), block((unsigned)(32 * S));
-    if (CUDA_TRY(silu ? mv_launch(linear_gemv_mma_kernel<gemv_mma_x_silu_mul>, grid, block, 0, stream, (bf16 *)d_out,
-                                  (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)NULL, M, N, K, S, per)
-                      : mv_launch(linear_gemv_mma_kernel<gemv_mma_x_plain>, grid, block, 0, stream, (bf16 *)d_out,
-                                  (const bf16 *)d_x, (const bf16 *)d_W, (const bf16 *)d_bias, M, N, K, S, per)))
+    const int groups = (M + GEMV_MMA_COLS - 1) / GEMV_MMA_COLS;
+    static_assert(GEMV_MMA_MAX_GROUPS == 4, "one instantiation per number of groups");
+    if ((groups == 1 ? launch_gemv_mma_groups<1>
+         : groups == 2 ? launch_gemv_mma_groups<2>
+         : groups == 3 ? launch_gemv_mma_groups<3>
+                       : launch_gemv_mma_groups<4>)(silu, grid, block, d_out, d_x, d_W, d_bias, M, N, K, S, per,
+                                                    stream))
         return -1;
     return CUDA_TRY(cudaGetLastError());
 }
@@ -569,9 +613,9 @@ static int linear_gemv_mma(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, 
                            int K, cudaStream_t stream) {
     if (!d_out || !d_x || !d_W) return mv_error("linear_gemv_mma: null pointer");
     if (M > GEMV_MMA_MAX_M)
-        return mv_error("linear_gemv_mma: M = %d tokens is more than the tensor-core GEMV takes (%d: the MMA's 8 "
-                        "columns); version 2 takes up to %d, version 1 (cuBLAS) any M",
-                        M, GEMV_MMA_MAX_M, LINEAR_GEMV_MAX_M);
+        return mv_error("linear_gemv_mma: M = %d tokens is more than the tensor-core GEMV takes (%d: %d groups of "
+                        "the MMA's %d columns); version 1 (cuBLAS) takes any M",
+                        M, GEMV_MMA_MAX_M, GEMV_MMA_MAX_GROUPS, GEMV_MMA_COLS);
     if (gemv_check_operands("linear_gemv_mma", d_x, d_W, K)) return -1;
     return launch_gemv_mma(0, d_out, d_x, d_W, d_bias, M, N, K, stream);
 }
@@ -585,18 +629,22 @@ extern "C" const char *linear_version_name(int version) {
 
 extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
-    if (M > max_m || !linear_gemv_applies(d_x, d_W, M, K)) return LINEAR_CUBLAS;
+    if (M > max_m) return LINEAR_CUBLAS;
+    const int v2 = linear_gemv_applies(d_x, d_W, M, K), v3 = linear_gemv_mma_applies(d_x, d_W, M, K);
     const int forced = linear_gemv_forced();
-    if (forced == LINEAR_GEMV) return LINEAR_GEMV;
-    const int mma = linear_gemv_mma_applies(d_x, d_W, M, K);
-    return mma && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M) ? LINEAR_GEMV_MMA : LINEAR_GEMV;
+    // MV_LINEAR_GEMV=2 keeps version 2 wherever it applies (M <= 16), cuBLAS past it.
+    if (forced == LINEAR_GEMV) return v2 ? LINEAR_GEMV : LINEAR_CUBLAS;
+    if (v3 && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)) return LINEAR_GEMV_MMA;
+    return v2 ? LINEAR_GEMV : LINEAR_CUBLAS;
 }
 
 // The down projection with SiluAndMul folded in, by the GEMV linear_cuda
 // would run on the activations (version 2 where it would run cuBLAS).
 extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                                     cudaStream_t stream) {
-    const int v = linear_auto_version(d_gate_up, d_W, M, N, K) == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA : LINEAR_GEMV;
+    // Where linear_cuda would run cuBLAS: version 2 up to its 16 tokens, version 3 past them.
+    const int a = linear_auto_version(d_gate_up, d_W, M, N, K);
+    const int v = a == LINEAR_GEMV_MMA || (a == LINEAR_CUBLAS && M > LINEAR_GEMV_MAX_M) ? LINEAR_GEMV_MMA : LINEAR_GEMV;
     return linear_silu_mul_cuda_version(v, d_out, d_gate_up, d_W, M, N, K, stream);
 }
 

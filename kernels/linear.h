@@ -18,11 +18,12 @@
  *      tokens' sums in registers. Needs K % 8 == 0 and 16-byte aligned x
  *      and W (every row then starts on 16 bytes); any other shape is refused
  *      with an error naming the value.
- *   3  the same GEMV on the tensor cores, for M <= 8: each 16 rows of W the
- *      A operand of mma.sync.m16n8k16, the tokens its B operand (its 8
- *      columns), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
+ *   3  the same GEMV on the tensor cores, for M <= 32: each 16 rows of W
+ *      the A operand of mma.sync.m16n8k16, each 8 tokens its B operand (its
+ *      8 columns; up to 4 such groups, each with its own MMAs on the same
+ *      A), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
  *      decode megakernel can repeat from shared memory (MV_LINEAR_GEMV=3).
- *      The same refusals as version 2, and M > 8.
+ *      The same refusals as version 2, with M > 32 for M > 16.
  *   LINEAR_AUTO (0): a GEMV where it measured faster than cuBLAS (M <= 2,
  *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
  *      pointers allow it, version 1 otherwise. Which GEMV: version 2 up to
@@ -59,8 +60,8 @@ extern "C" {
 // The most tokens the GEMV takes: its per-token sums live in registers, one
 // set per M (a template instantiation each, M = 1..16).
 #define LINEAR_GEMV_MAX_M 16
-// Version 3's most: the MMA's 8 columns (kernels/gemv_mma.cuh).
-#define LINEAR_GEMV_MMA_MAX_M 8
+// Version 3's most: 4 groups of the MMA's 8 columns (kernels/gemv_mma.cuh).
+#define LINEAR_GEMV_MMA_MAX_M 32
 // Where linear_cuda takes version 3 rather than 2 (chapter 03's small-M
 // table, one H100): from M = 5. At M = 8 it is ahead on every projection
 // (o_proj 4.9 against 6.1 us, gate_up 8.0 against 12.7), at M = 4 even or
@@ -75,6 +76,10 @@ extern "C" {
 // than cuBLAS at M <= 2 on every shape (1.05x to 2.9x), and up to M = 8 only
 // on the narrow ones (N = 1024: o_proj 1.1-2.9x, down_proj 1.3-1.8x). On the
 // wide ones (N = 4096, 6144) cuBLAS wins from M = 4 (0.97x and 0.74x there).
+// Past 8 tokens cuBLAS keeps them too: version 3 takes up to 32, but at 16
+// it only ties cuBLAS on o_proj (6.6 against 6.5 us, H100) and at 32 loses
+// on both (9.5 against 6.5, 11.1 against 8.6), and a decode step of 9 to 16
+// rows on it gained nothing, of 24 and 32 rows lost 5 and 13% (chapter 09).
 #define LINEAR_GEMV_AUTO_MAX_M 2         // any N
 #define LINEAR_GEMV_AUTO_MAX_M_NARROW 8  // N <= LINEAR_GEMV_NARROW_N
 #define LINEAR_GEMV_NARROW_N 2048
@@ -97,7 +102,7 @@ int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const
 int linear_gemv_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 
 // 1 when version 3 takes this shape and these pointers: the GEMV's
-// conditions and M <= 8.
+// conditions on K and the pointers, and 1 <= M <= LINEAR_GEMV_MMA_MAX_M.
 int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 
 // The GEMV the environment forces wherever linear_cuda picks a GEMV:
@@ -113,14 +118,15 @@ int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int 
 // The MLP's down projection with SiluAndMul folded into the GEMV's input:
 // out [M, N] = SiluAndMul(gate_up [M, 2K]) @ W [N, K]^T, the same bits as
 // silu_and_mul_cuda(SILU_AND_MUL_FAST) into a [M, K] buffer followed by the
-// GEMV linear_cuda would run on that buffer (version 3 or 2; version 2
-// where it would run cuBLAS), without that buffer. M <= LINEAR_GEMV_MAX_M,
-// K % 8 == 0, gate_up and W 16-byte aligned; otherwise -1 with mv_error().
+// GEMV linear_cuda would run on that buffer (version 3 or 2; where it would
+// run cuBLAS, version 2 up to 16 tokens and version 3 past them), without
+// that buffer. M <= LINEAR_GEMV_MMA_MAX_M, K % 8 == 0, gate_up and W
+// 16-byte aligned; otherwise -1 with mv_error().
 // The CPU reference is silu_and_mul_cpu() then linear_cpu().
 int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                          cudaStream_t stream);
 // The same with the GEMV's version forced: LINEAR_GEMV (M <= 16) or
-// LINEAR_GEMV_MMA (M <= 8).
+// LINEAR_GEMV_MMA (M <= 32).
 int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M,
                                  int N, int K, cudaStream_t stream);
 

@@ -533,6 +533,13 @@ static const small_m_case_t SMALL_M_CASES[] = {
     {3, 65, 1024, 0, 1, 0, "x one element off 16 bytes"},
     {3, 65, 1024, 0, 0, 1, "W one element off 16 bytes"},
     {17, 64, 256, 0, 0, 0, "M past the GEMV's 16"},
+    // Version 3 past 8 tokens: groups of 8, each its own MMAs on the same W.
+    {9, 300, 1000, 1, 0, 0, "version 3's second group, one token in it"},
+    {24, 1024, 2048, 0, 0, 0, "three groups: o_proj at 24 rows"},
+    {29, 77, 264, 1, 0, 0, "four groups, the last short; odd N"},
+    {32, 1024, 3072, 0, 0, 0, "version 3's largest M: down_proj at 32 rows"},
+    {20, 65, 1024, 0, 1, 0, "x one element off 16 bytes, past 16 tokens"},
+    {33, 64, 256, 0, 0, 0, "M past version 3's 32"},
 };
 
 // Elements after y, poisoned: a store past the end shows there.
@@ -588,10 +595,13 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
     const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
     const int forced = linear_gemv_forced();
-    const int want_auto = !(M <= max_m && applies) ? LINEAR_CUBLAS
-                          : forced != LINEAR_GEMV && applies3 && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M)
-                              ? LINEAR_GEMV_MMA
-                              : LINEAR_GEMV;
+    // A GEMV up to max_m where one takes the shape: version 3 from its
+    // threshold (or forced), version 2 below it or forced, cuBLAS otherwise.
+    const int want_auto = M > max_m ? LINEAR_CUBLAS
+                          : forced == LINEAR_GEMV ? (applies ? LINEAR_GEMV : LINEAR_CUBLAS)
+                          : applies3 && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M) ? LINEAR_GEMV_MMA
+                          : applies ? LINEAR_GEMV
+                                    : LINEAR_CUBLAS;
     char detail[320];
     snprintf(detail, sizeof detail, "%s: picks %s", shape, linear_version_name(auto_version));
     harness_check_bool(h, "gpu", "small-m", "linear_cuda's choice", auto_version == want_auto, detail);
@@ -634,55 +644,66 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
 
 // The GEMV's sums do not depend on M or N (kernels/linear.cu: the warps that
 // split K depend on K alone): a batch's first rows must equal, bit for bit,
-// the same tokens run as a batch of 1 and of 3, and a layer's first columns
-// the same weight rows run as a narrower layer (whose blocks hold fewer rows).
+// the same tokens run as a batch of 1 and of 3, two later tokens (for
+// version 3 in its third and fourth groups of 8) the same token run alone,
+// and a layer's first columns the same weight rows run as a narrower layer
+// (whose blocks hold fewer rows). M is the version's largest.
 static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rng, int version) {
-    const int M = 8, N = 2049, K = 3072, N_narrow = 130;
+    const int M = version == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M, N = 2049, K = 3072,
+              N_narrow = 130;
+    const int later[2] = {M / 2 + 1, M - 1};
     bf16_t *x = malloc((size_t)M * K * sizeof(bf16_t)), *w = malloc((size_t)N * K * sizeof(bf16_t));
-    bf16_t *b = malloc(N * sizeof(bf16_t)), *y8 = malloc((size_t)M * N * sizeof(bf16_t));
+    bf16_t *b = malloc(N * sizeof(bf16_t)), *yM = malloc((size_t)M * N * sizeof(bf16_t));
     bf16_t *y1 = malloc(N * sizeof(bf16_t)), *y3 = malloc(3 * (size_t)N * sizeof(bf16_t));
     bf16_t *yn = malloc((size_t)M * N_narrow * sizeof(bf16_t));
-    if (!x || !w || !b || !y8 || !y1 || !y3 || !yn) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    if (!x || !w || !b || !yM || !y1 || !y3 || !yn) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
     fill_normal_bf16(rng, x, (size_t)M * K, 0, 1);
     fill_uniform_bf16(rng, w, (size_t)N * K, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
     fill_uniform_bf16(rng, b, (size_t)N, -0.5f, 0.5f);
     bf16_t *d_x = gpu_alloc((size_t)M * K * sizeof(bf16_t)), *d_w = gpu_alloc((size_t)N * K * sizeof(bf16_t));
-    bf16_t *d_b = gpu_alloc(N * sizeof(bf16_t)), *d_y8 = gpu_alloc((size_t)M * N * sizeof(bf16_t));
+    bf16_t *d_b = gpu_alloc(N * sizeof(bf16_t)), *d_yM = gpu_alloc((size_t)M * N * sizeof(bf16_t));
     bf16_t *d_y1 = gpu_alloc(N * sizeof(bf16_t)), *d_y3 = gpu_alloc(3 * (size_t)N * sizeof(bf16_t));
     bf16_t *d_yn = gpu_alloc((size_t)M * N_narrow * sizeof(bf16_t));
     gpu_upload(d_x, x, (size_t)M * K * sizeof(bf16_t));
     gpu_upload(d_w, w, (size_t)N * K * sizeof(bf16_t));
     gpu_upload(d_b, b, N * sizeof(bf16_t));
-    gpu_poison(d_y8, (size_t)M * N * sizeof(bf16_t));
+    gpu_poison(d_yM, (size_t)M * N * sizeof(bf16_t));
     gpu_poison(d_y1, N * sizeof(bf16_t));
     gpu_poison(d_y3, 3 * (size_t)N * sizeof(bf16_t));
     gpu_poison(d_yn, (size_t)M * N_narrow * sizeof(bf16_t));
     CUDA_CHECK(cudaDeviceSynchronize());
-    MV_CHECK(linear_cuda_version(version, handle, d_y8, d_x, d_w, d_b, M, N, K, 0));
+    MV_CHECK(linear_cuda_version(version, handle, d_yM, d_x, d_w, d_b, M, N, K, 0));
     MV_CHECK(linear_cuda_version(version, handle, d_y1, d_x, d_w, d_b, 1, N, K, 0));
     MV_CHECK(linear_cuda_version(version, handle, d_y3, d_x, d_w, d_b, 3, N, K, 0));
     MV_CHECK(linear_cuda_version(version, handle, d_yn, d_x, d_w, d_b, M, N_narrow, K, 0));
     CUDA_CHECK(cudaDeviceSynchronize());
-    gpu_download(y8, d_y8, (size_t)M * N * sizeof(bf16_t));
+    gpu_download(yM, d_yM, (size_t)M * N * sizeof(bf16_t));
     gpu_download(y1, d_y1, N * sizeof(bf16_t));
     gpu_download(y3, d_y3, 3 * (size_t)N * sizeof(bf16_t));
     gpu_download(yn, d_yn, (size_t)M * N_narrow * sizeof(bf16_t));
     // Poison left anywhere would make two unwritten outputs look "identical".
-    int same_m = !any_poison(y8, (size_t)M * N) && !memcmp(y1, y8, N * sizeof(bf16_t)) &&
-                 !memcmp(y3, y8, 3 * (size_t)N * sizeof(bf16_t));
-    int same_n = !any_poison(y8, (size_t)M * N);
-    for (int m = 0; m < M; m++) same_n &= !memcmp(yn + (size_t)m * N_narrow, y8 + (size_t)m * N, N_narrow * sizeof(bf16_t));
+    int same_m = !any_poison(yM, (size_t)M * N) && !memcmp(y1, yM, N * sizeof(bf16_t)) &&
+                 !memcmp(y3, yM, 3 * (size_t)N * sizeof(bf16_t));
+    for (int i = 0; i < 2; i++) {  // token later[i] alone: x from its row (K % 8 == 0: still 16-byte aligned)
+        gpu_poison(d_y1, N * sizeof(bf16_t));
+        MV_CHECK(linear_cuda_version(version, handle, d_y1, d_x + (size_t)later[i] * K, d_w, d_b, 1, N, K, 0));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_download(y1, d_y1, N * sizeof(bf16_t));
+        same_m &= !memcmp(y1, yM + (size_t)later[i] * N, N * sizeof(bf16_t));
+    }
+    int same_n = !any_poison(yM, (size_t)M * N);
+    for (int m = 0; m < M; m++) same_n &= !memcmp(yn + (size_t)m * N_narrow, yM + (size_t)m * N, N_narrow * sizeof(bf16_t));
     char detail[200], label[64];
-    snprintf(detail, sizeof detail, "N=%d K=%d +bias: tokens 0..2 at M = 1, 3 and 8 %s", N, K,
-             same_m ? "identical" : "DIFFER");
+    snprintf(detail, sizeof detail, "N=%d K=%d +bias: tokens 0..2 at M = 1, 3 and %d, tokens %d and %d at M = 1 and %d %s",
+             N, K, M, later[0], later[1], M, same_m ? "identical" : "DIFFER");
     snprintf(label, sizeof label, "%s same bits at any M", linear_version_name(version));
     harness_check_bool(h, "gpu", "small-m", label, same_m, detail);
     snprintf(detail, sizeof detail, "M=%d K=%d +bias: columns 0..%d at N = %d and %d %s", M, K, N_narrow - 1, N_narrow, N,
              same_n ? "identical" : "DIFFER");
     snprintf(label, sizeof label, "%s same bits at any N", linear_version_name(version));
     harness_check_bool(h, "gpu", "small-m", label, same_n, detail);
-    gpu_free(d_x); gpu_free(d_w); gpu_free(d_b); gpu_free(d_y8); gpu_free(d_y1); gpu_free(d_y3); gpu_free(d_yn);
-    free(x); free(w); free(b); free(y8); free(y1); free(y3); free(yn);
+    gpu_free(d_x); gpu_free(d_w); gpu_free(d_b); gpu_free(d_yM); gpu_free(d_y1); gpu_free(d_y3); gpu_free(d_yn);
+    free(x); free(w); free(b); free(yM); free(y1); free(y3); free(yn);
 }
 
 // ---- 4b. the down projection with SiluAndMul folded in, and PDL ----------------------------
@@ -706,6 +727,8 @@ static const silu_gemv_case_t SILU_GEMV_CASES[] = {
     {3, 77, 264, "odd N, 33 chunks"},
     {16, 129, 1000, "the GEMV's largest M, a short last slab"},
     {5, 301, 8200, "ks = 8 and a second batch"},
+    {24, 1024, 3072, "down_proj at 24 rows: version 3's three groups"},
+    {32, 129, 1000, "version 3's largest M, a short last slab"},
 };
 
 static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, const silu_gemv_case_t *c, int pdl,
@@ -767,7 +790,7 @@ static void check_silu_gemv_refusals(harness_t *h) {
     const struct {
         int M, N, K;
         const char *named;
-    } bad[] = {{17, 64, 256, "M = 17"}, {2, 64, 100, "K = 100"}, {1, 0, 64, "N"}};
+    } bad[] = {{33, 64, 256, "M = 33"}, {2, 64, 100, "K = 100"}, {1, 0, 64, "N"}};
     bf16_t *d_a = gpu_alloc(4096 * sizeof(bf16_t)), *d_b = gpu_alloc(4096 * sizeof(bf16_t));
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const int rc = linear_silu_mul_cuda(d_a, d_b, d_b, bad[i].M, bad[i].N, bad[i].K, 0);
@@ -866,7 +889,7 @@ static int time_per_launch(const gemm_ctx_t *c0, size_t nw, timing_opts_t opts, 
     return rc;
 }
 
-// A whole layer (tp = 1) at M = 1..64, every version (v2 up to its 16, v3 up to its 8).
+// A whole layer (tp = 1) at M = 1..64, every version (v2 up to its 16, v3 up to its 32).
 // cuBLAS gets a handle of its own here, destroyed after the graphs that
 // captured it: whatever it allocated during a capture stays out of the
 // other timings.
@@ -1012,7 +1035,7 @@ int main(int argc, char **argv) {
                 if (!harness_kernel_wanted(&h, v)) continue;
                 for (int pdl = 0; pdl <= mv_pdl_supported(); pdl++)
                     for (size_t i = 0; i < sizeof SILU_GEMV_CASES / sizeof SILU_GEMV_CASES[0]; i++)
-                        if (v == LINEAR_GEMV || SILU_GEMV_CASES[i].M <= LINEAR_GEMV_MMA_MAX_M)
+                        if (SILU_GEMV_CASES[i].M <= (v == LINEAR_GEMV ? LINEAR_GEMV_MAX_M : LINEAR_GEMV_MMA_MAX_M))
                             check_silu_gemv(&h, handle, &rng, &SILU_GEMV_CASES[i], pdl, v);
             }
             check_silu_gemv_refusals(&h);
