@@ -64,8 +64,8 @@ extern "C" {
 #define LINEAR_GEMV_MMA_MAX_M 32
 // Where linear_cuda takes version 3 rather than 2 (chapter 03's small-M
 // table, one H100): from M = 5. At M = 8 it is ahead on every projection
-// (o_proj 4.9 against 6.1 us, gate_up 8.0 against 12.7), at M = 4 even or
-// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.3
+// (o_proj 4.9 against 6.1 us, gate_up 8.1 against 12.7), at M = 4 even or
+// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.5
 // against 5.7): from HBM, version 2's instructions cost little until M
 // grows, and version 3's blocks of one 16-row tile each start fewer loads.
 // In a decode step of 5 to 8 rows the fused down projection gains most

@@ -15,7 +15,8 @@ kept in docs/results/json/. This script renders them:
 KEYs: NN-name:env, NN-name:timings, NN-name:checks, NN-name:sanitizer (GPU
 chapters), 03-linear-tp:small-m (cuBLAS against the GEMV at small M; until the
 json has those rows, the block says how to make them; 03-linear-tp.v3:small-m adds
-version 3's columns), 09-engine:gemv-ab (the GEMV's version at 1 to 8 rows), 08-scheduler:workloads,
+version 3's columns), 09-engine:gemv-ab (the GEMV's version at 1 to 8 rows), 09-engine:gemv32-ab (version 3 at 9
+to 32 rows), 08-scheduler:workloads,
 09-tokenizer:bench, and the engine's
 09-engine:bench, 09-engine:single, 09-engine:compare (from 09-engine.bench.json,
 09-engine.single.json, 09-engine.compare.json, written by tests/gpu/engine.sh;
@@ -105,7 +106,8 @@ def render_small_m(d):
             f"% of copy: of the {d.get('ceilings', {}).get('copy_gbs', 0):.0f} GB/s copy bandwidth measured in the same run).")
     if any("v3-gemv-mma" in r for r in table.values()):
         # Version 3 measured too (from the run that added it): the three side by side, and the fastest.
-        out = [head + (f" Commit {d['commit']}." if d.get("commit") else ""), "",
+        out = [head + (f" Commit {d['commit']}." if d.get("commit") else "") +
+               (f" {d['commit_note']}" if d.get("commit_note") else ""), "",
                "| projection | shape | MB moved | cuBLAS (us) | % of copy | GEMV v2 (us) | % of copy | GEMV v3 (us) "
                "| % of copy | fastest |",
                "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -1569,6 +1571,32 @@ def render_gemv_ab():
     return "\n".join(out) + "\n"
 
 
+def render_gemv32_ab():
+    """Decode steps of 12 to 32 rows with one chain of kernels (MV_DECODE_HALVES=0): cuBLAS for o_proj and down_proj
+    past 8 rows (commit 66bda52, run 110) against version 3 up to 32 rows (run 109), two rounds each, and the
+    default of commit 66bda52 (two halves at 16 rows) for reference (json/09-engine.gemv32-*.r{1,2}.json)."""
+    runs = {(k, r): load(f"09-engine.gemv32-{k}.r{r}.json") for k in ("cublas-h0", "v3-h0", "cublas") for r in (1, 2)}
+    if not all(runs.values()):
+        return None
+    by = {k: {b["batch"]: b for b in v["batches"]} for k, v in runs.items()}
+    c, v = runs["cublas-h0", 1], runs["v3-h0", 1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --latency --batch "
+           f"12,16,24,32 --prompt-len 512 --output-len 256 --repeat 3` on **{c['gpu']}**, {c['date'][:10]}, with "
+           f"`MV_DECODE_HALVES=0` (one chain of kernels a step), two rounds each. *cuBLAS*: {c['run']}, the "
+           f"{c['commit_note']}. *Version 3*: {v['run']}, the {v['commit_note']}. The two runs are two calls on the "
+           f"same warm machine, one right after the other. *Default*: commit 66bda52 as it runs by default (two "
+           f"halves at once for the graph of 16 rows), in {c['run']}. Output tok/s (median of 3) and the median time "
+           f"per output token:", "",
+           "| rows | cuBLAS past 8 rows, round 1 / 2 | version 3 up to 32 rows, round 1 / 2 | version 3 / cuBLAS | "
+           "default (commit 66bda52), round 1 / 2 |", "| ---: | ---: | ---: | ---: | ---: |"]
+    cell = lambda xs: " / ".join(f"{x['output_tok_s']['median']:,.0f} ({x['tpot_ms']['p50']:.3f} ms)" for x in xs)
+    mean = lambda xs: sum(x["output_tok_s"]["median"] for x in xs) / len(xs)
+    for b in sorted(by["cublas-h0", 1]):
+        cu, v3, de = ([by[k, r][b] for r in (1, 2)] for k in ("cublas-h0", "v3-h0", "cublas"))
+        out.append(f"| {b} | {cell(cu)} | {cell(v3)} | {100 * mean(v3) / mean(cu):.1f}% | {cell(de)} |")
+    return "\n".join(out) + "\n"
+
+
 WGMMA_PROBE_TXT = os.path.join(HERE, "03-linear-tp-v4-probe.txt")
 WGMMA_PROBE_LINE = re.compile(r"^(\w+)\s+(\d+) \|\s+([\d.]+) \|(.*)\| best ([\d.]+) \(([\d.]+)x\)")
 WGMMA_CELL = re.compile(r"(\d)/(\d) ([\d.]+) \[([\d.e+-]+) ")
@@ -2035,6 +2063,9 @@ def blocks():
     gab = render_gemv_ab()
     if gab:
         out["09-engine:gemv-ab"] = ("09-engine.latency-gemv-auto.1.json", gab)
+    g32 = render_gemv32_ab()
+    if g32:
+        out["09-engine:gemv32-ab"] = ("09-engine.gemv32-v3-h0.r1.json", g32)
     wp = render_wgmma_probe()
     if wp:
         out["09-engine:wgmma-probe"] = ("03-linear-tp-v4-probe.txt", wp)
