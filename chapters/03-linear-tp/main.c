@@ -16,10 +16,11 @@
  *      the CPU; with one GPU, tp = 1 and the tp = 2 arithmetic with both
  *      shards on that GPU. Each case runs linear_cuda (the engine's call,
  *      which picks a version) and each version forced: cuBLAS (v1) and the
- *      small-M GEMV (v2) wherever it takes the shape.
- *   4. The GEMV on small odd shapes (M = 1..16, odd N, K from 8 to 16384,
- *      with and without bias), its refusals (K % 8 != 0, misaligned x or W,
- *      M > 16) with cuBLAS taking over, and linear_cuda's choice.
+ *      small-M GEMVs (v2, v3) wherever they take the shape.
+ *   4. The GEMVs on small odd shapes (M = 1..16 for v2, 1..32 for v3, odd
+ *      N, K from 8 to 16384, with and without bias), their refusals (K % 8
+ *      != 0, misaligned x or W, M > 16 for v2, M > 32 for v3) with cuBLAS
+ *      taking over, and linear_cuda's choice.
  *   4b. The down projection with SiluAndMul folded into the GEMV
  *      (linear_silu_mul_cuda): bit for bit the unfused pair, and against
  *      the CPU; both again under programmatic dependent launch.
