@@ -576,8 +576,8 @@ extern "C" int linear_gemv_forced(void) {
 }
 
 extern "C" int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K) {
-    return M >= 1 && M <= GEMV_MMA_MAX_M && K >= 8 && K % 8 == 0 && d_x && d_W && mv_aligned(d_x, 16) &&
-           mv_aligned(d_W, 16);
+    // Version 2's conditions on K and the pointers (asked at M = 1), and version 3's own M.
+    return M >= 1 && M <= GEMV_MMA_MAX_M && linear_gemv_applies(d_x, d_W, 1, K);
 }
 
 // The kernel for `silu` and NG = ceil(M / 8) groups of tokens.
@@ -639,10 +639,10 @@ extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, 
 }
 
 // The down projection with SiluAndMul folded in, by the GEMV linear_cuda
-// would run on the activations (version 2 where it would run cuBLAS).
+// would run on the activations (where it would run cuBLAS: version 2 up to
+// 16 tokens, version 3 past them).
 extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                                     cudaStream_t stream) {
-    // Where linear_cuda would run cuBLAS: version 2 up to its 16 tokens, version 3 past them.
     const int a = linear_auto_version(d_gate_up, d_W, M, N, K);
     const int v = a == LINEAR_GEMV_MMA || (a == LINEAR_CUBLAS && M > LINEAR_GEMV_MAX_M) ? LINEAR_GEMV_MMA : LINEAR_GEMV;
     return linear_silu_mul_cuda_version(v, d_out, d_gate_up, d_W, M, N, K, stream);

@@ -23,7 +23,7 @@
  *      8 columns; up to 4 such groups, each with its own MMAs on the same
  *      A), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
  *      decode megakernel can repeat from shared memory (MV_LINEAR_GEMV=3).
- *      The same refusals as version 2, with M > 32 for M > 16.
+ *      The same refusals as version 2, with M > 32 in place of M > 16.
  *   LINEAR_AUTO (0): a GEMV where it measured faster than cuBLAS (M <= 2,
  *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
  *      pointers allow it, version 1 otherwise. Which GEMV: version 2 up to
