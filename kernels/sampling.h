@@ -51,13 +51,20 @@
  *      to version 1's bisection in the same kernel. Static shared memory (16.6 KB), no
  *      allocation: safe to capture in a CUDA graph. Costs and predicted
  *      times: kernels/sampling.cu.
- *   3  SAMPLING_FAST, the engine's: version 2, except that a greedy row
+ *   3  version 2, except that a greedy row
  *      (temperature 0) is cut into up to 32 slices, one block each, when
  *      there are few rows (2 x SMs / rows slices), and the last block of
  *      the row to finish combines their argmaxes (largest pack, count of
  *      finite logits, +inf seen): one row's read spread over 32 SMs instead
  *      of one. Needs a workspace (sample_tokens_ws_bytes), zeroed once when
  *      allocated; each launch leaves it zeroed again. Same ids as 1 and 2.
+ *   4  SAMPLING_FAST, the engine's: version 3 reading the LM head's bf16
+ *      logits (sample_tokens_bf16_cuda), widened in registers, so the
+ *      engine no longer widens every row into an fp32 copy first (at 256
+ *      rows: 78 MB read instead of 78 read + 156 written + 156 read). A row
+ *      with an option on (kernels/sampling_opts.h) reads the fp32 row that
+ *      sampling_prepare_bf16_cuda widened and changed. Widening is exact,
+ *      so its ids are version 3's on the widened logits.
  *
  * Build: nvcc without -ftz=true / --use_fast_math (the Makefile's flags):
  * flushing subnormal logits would be the one difference left.
@@ -69,13 +76,14 @@
 #include <stdint.h>
 
 #include "common/bf16.h"
+#include "reference/sampling.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define SAMPLING_NUM_VERSIONS 3
-#define SAMPLING_FAST 3  // the version the engine uses
+#define SAMPLING_NUM_VERSIONS 4
+#define SAMPLING_FAST 4  // the version the engine uses
 
 const char *sampling_version_name(int version);
 
@@ -102,8 +110,21 @@ int sample_tokens_ws_cuda(int version, int32_t *d_out, const float *d_logits, lo
 // Bytes of workspace a version needs for up to num_rows rows (0: none).
 size_t sample_tokens_ws_bytes(int version, int num_rows);
 
-// out [n] fp32 = in [n] bf16: the LM head writes bf16, the sampler and the
-// host (on_logits) read fp32.
+// Version 4: the same ids from the LM head's bf16 logits, d_logits rows of
+// logits_stride bf16 (vocab used). d_opts [num_rows] (NULL: every row reads
+// d_logits): a row whose options are on (sampling_opts_row_on) reads its
+// fp32 row in d_prepared (the same stride) instead, where
+// sampling_prepare_bf16_cuda left it. Workspace as version 3's:
+// sample_tokens_ws_bytes(4, rows), zeroed once. sample_tokens_cuda and
+// sample_tokens_ws_cuda refuse version 4 (they take fp32 logits).
+int sample_tokens_bf16_cuda(int32_t *d_out, const bf16_t *d_logits, const float *d_prepared,
+                            const sampling_opts_row_t *d_opts, long long logits_stride, int num_rows, int vocab,
+                            const float *d_temperature, const int32_t *d_top_k, const float *d_top_p,
+                            const uint64_t *d_seed, const int64_t *d_gen_index, void *d_ws, size_t ws_bytes,
+                            cudaStream_t stream);
+
+// out [n] fp32 = in [n] bf16: the LM head writes bf16; versions 1 to 3 of
+// the sampler and the host (on_logits) read fp32.
 int bf16_to_f32_cuda(float *d_out, const bf16_t *d_in, long long n, cudaStream_t stream);
 
 #ifdef __cplusplus

@@ -291,8 +291,9 @@ static __device__ void mask_min_p(float *x, int vocab, float temperature, float 
 // ---- the kernels --------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(OPTS_THREADS)
-sampling_prepare_kernel(float *logits, long long stride, int vocab, const sampling_opts_row_t *opts,
-                        const int32_t *ids, uint32_t *counts, float *raw, sampling_logprobs_t *lp) {
+sampling_prepare_kernel(float *logits, const __nv_bfloat16 *src, long long stride, int vocab,
+                        const sampling_opts_row_t *opts, const int32_t *ids, uint32_t *counts, float *raw,
+                        sampling_logprobs_t *lp) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of the step's data (kernels/common.cuh: PDL)
     __shared__ unsigned long long scratch[32];
@@ -304,15 +305,15 @@ sampling_prepare_kernel(float *logits, long long stride, int vocab, const sampli
     const bool penalties = o.presence != 0.0f || o.frequency != 0.0f || o.repetition != 1.0f;
     const bool min_p = o.temperature > 0.0f && o.min_p > 0.0f;
     float *x = logits + (long long)row * stride;
+    if (src) {  // the LM head's bf16 row widened into x first: the options below change fp32 values
+        const __nv_bfloat16 *y = src + (long long)row * stride;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) x[i] = __bfloat162float(y[i]);
+        __syncthreads();
+    }
     if (want_lp) {
         const int n_top = o.top_logprobs < SAMPLING_OPTS_MAX_TOP ? o.top_logprobs : SAMPLING_OPTS_MAX_TOP;
         raw_logprobs(x, vocab, n_top, raw + (long long)row * stride, lp + row, scratch, dscratch);
         __syncthreads();  // every read of the raw row is done before it changes
-    } else if (o.keep_raw) {  // the raw row for the host alone: one more read and write
-        float *r = raw + (long long)row * stride;
-        auto f = [&](float l, int i) { r[i] = l; };
-        for_each_in_row(x, vocab, f);
-        __syncthreads();
     }
     if (stop) {
         mask_stop_ids(x, vocab, ids + o.stop_start, o.num_stop);
@@ -340,18 +341,32 @@ __global__ void sampling_finish_kernel(const int32_t *sampled, const float *raw,
 
 // ---- launchers ------------------------------------------------------------------------------------
 
+static int prepare_launch(const char *fn, float *d_logits, const bf16_t *d_src, long long logits_stride,
+                          int num_rows, int vocab, const sampling_opts_row_t *d_opts, const int32_t *d_ids,
+                          uint32_t *d_counts, float *d_raw, sampling_logprobs_t *d_lp, cudaStream_t stream) {
+    if (num_rows < 0 || vocab < 1 || logits_stride < vocab)
+        return mv_error("%s: bad shape rows=%d vocab=%d stride=%lld", fn, num_rows, vocab, logits_stride);
+    if (num_rows == 0) return 0;
+    if (!d_logits || !d_opts || !d_ids || !d_counts || !d_raw || !d_lp) return mv_error("%s: null pointer", fn);
+    mv_launch(sampling_prepare_kernel, dim3((unsigned)num_rows), dim3(OPTS_THREADS), 0, stream, d_logits,
+              (const __nv_bfloat16 *)d_src, logits_stride, vocab, d_opts, d_ids, d_counts, d_raw, d_lp);
+    return CUDA_TRY(cudaGetLastError());
+}
+
 extern "C" int sampling_prepare_cuda(float *d_logits, long long logits_stride, int num_rows, int vocab,
                                      const sampling_opts_row_t *d_opts, const int32_t *d_ids, uint32_t *d_counts,
                                      float *d_raw, sampling_logprobs_t *d_lp, cudaStream_t stream) {
-    if (num_rows < 0 || vocab < 1 || logits_stride < vocab)
-        return mv_error("sampling_prepare_cuda: bad shape rows=%d vocab=%d stride=%lld", num_rows, vocab,
-                        logits_stride);
-    if (num_rows == 0) return 0;
-    if (!d_logits || !d_opts || !d_ids || !d_counts || !d_raw || !d_lp)
-        return mv_error("sampling_prepare_cuda: null pointer");
-    mv_launch(sampling_prepare_kernel, dim3((unsigned)num_rows), dim3(OPTS_THREADS), 0, stream, d_logits,
-              logits_stride, vocab, d_opts, d_ids, d_counts, d_raw, d_lp);
-    return CUDA_TRY(cudaGetLastError());
+    return prepare_launch("sampling_prepare_cuda", d_logits, NULL, logits_stride, num_rows, vocab, d_opts, d_ids,
+                          d_counts, d_raw, d_lp, stream);
+}
+
+extern "C" int sampling_prepare_bf16_cuda(float *d_logits, const bf16_t *d_src, long long logits_stride,
+                                          int num_rows, int vocab, const sampling_opts_row_t *d_opts,
+                                          const int32_t *d_ids, uint32_t *d_counts, float *d_raw,
+                                          sampling_logprobs_t *d_lp, cudaStream_t stream) {
+    if (!d_src && num_rows > 0) return mv_error("sampling_prepare_bf16_cuda: null pointer (the bf16 logits)");
+    return prepare_launch("sampling_prepare_bf16_cuda", d_logits, d_src, logits_stride, num_rows, vocab, d_opts,
+                          d_ids, d_counts, d_raw, d_lp, stream);
 }
 
 extern "C" int sampling_logprobs_finish_cuda(const int32_t *d_sampled, const float *d_raw, long long logits_stride,

@@ -6,7 +6,8 @@
  *
  * Where it sits: last in the CUDA backend's step, after the LM head:
  *     sampling_prepare_cuda         the fp32 logits, in place, for the rows that use an option
- *     sample_tokens_cuda            the ids (kernels/sampling.h, unchanged)
+ *     sample_tokens_cuda            the ids (kernels/sampling.h, unchanged; version 4 reads
+ *                                   the bf16 logits, and the fp32 rows prepared here)
  *     sampling_logprobs_finish_cuda each sampled token's log-probability
  * A row whose options are all off leaves both kernels at once, so the
  * three launches can sit in every decode step's CUDA graph.
@@ -50,6 +51,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "common/bf16.h"
 #include "reference/sampling.h"
 
 #ifdef __cplusplus
@@ -73,23 +75,26 @@ SAMPLING_OPTS_FN int sampling_opts_row_on(const sampling_opts_row_t *o) {
            o->repetition != 1.0f || (o->temperature > 0.0f && o->min_p > 0.0f);
 }
 
-// 1 when sampling_prepare_cuda leaves the row's raw logits in d_raw: an
-// option on, and logprobs or keep_raw.
-SAMPLING_OPTS_FN int sampling_opts_row_keeps_raw(const sampling_opts_row_t *o) {
-    return sampling_opts_row_on(o) && (o->top_logprobs >= 0 || o->keep_raw);
-}
-
 // Before sample_tokens_cuda, on the same fp32 logits (rows of logits_stride
 // floats, vocab used), in place; one block per row, steps 1-4 above for the
 // options each row has on. Device arrays: d_opts [num_rows]; d_ids the
 // rows' penalty and stop ids; d_counts [num_rows * vocab] uint32, all zero
 // on entry and left all zero (zero it once, at allocation); d_raw rows of
-// logits_stride floats, the raw copy of each row that keeps it (sampling_opts_row_keeps_raw; finish reads the
-// sampled token's logit there); d_lp [num_rows]. No allocation, no host
+// logits_stride floats, the raw copy of each row with logprobs (finish reads
+// the sampled token's logit there); d_lp [num_rows]. No allocation, no host
 // sync: graph-capturable. num_rows 0 is a no-op.
 int sampling_prepare_cuda(float *d_logits, long long logits_stride, int num_rows, int vocab,
                           const sampling_opts_row_t *d_opts, const int32_t *d_ids, uint32_t *d_counts,
                           float *d_raw, sampling_logprobs_t *d_lp, cudaStream_t stream);
+
+// The same for version 4 of the sampler (kernels/sampling.h), which reads
+// the LM head's bf16 logits: each row with an option on is first widened
+// from d_src (rows of logits_stride bf16) into d_logits, then prepared there
+// as above; the other rows' d_logits are not touched (version 4 reads them
+// from d_src).
+int sampling_prepare_bf16_cuda(float *d_logits, const bf16_t *d_src, long long logits_stride, int num_rows,
+                               int vocab, const sampling_opts_row_t *d_opts, const int32_t *d_ids,
+                               uint32_t *d_counts, float *d_raw, sampling_logprobs_t *d_lp, cudaStream_t stream);
 
 // After sample_tokens_cuda: d_lp[row].token_logprob = the sampled token's
 // raw logit minus lse, rounded to float, for the rows with top_logprobs >=

@@ -167,8 +167,6 @@ typedef struct {
     int32_t num_output;  //   ids outside [0, vocab) are skipped (the host has validated them)
     int32_t stop_start, num_stop;  // min_tokens: the logits of ids[stop_start, + num_stop) set to -inf
     int32_t top_logprobs;          // -1 = no logprobs; else 0..20 top entries besides the token's own
-    int32_t keep_raw;              // 1: the raw row is copied aside even without logprobs (the host reads
-                                   //   the step's logits as they were before these options changed them)
 } sampling_opts_row_t;
 
 // One row's logprobs, copied back with the sampled ids; written only for

@@ -829,19 +829,36 @@ static void check_goldens(runner_device_t dev) {
 
 typedef struct {
     float *logits, *temp, *top_p;
+    bf16_t *logits16;  // the same logits as bf16 (exact: the checks' rows are bf16 values), for version 4
     int32_t *top_k, *out;
     uint64_t *seed;
     int64_t *gen;
 } sbufs_t;
+
+// The rows as bf16 on the device: n values of the host's fp32 rows, which
+// the checks make bf16 values (bf16_rows), so nothing is rounded here.
+static int upload_bf16(bf16_t *d, const float *h, size_t n) {
+    bf16_t *t = mv_xmalloc(n * sizeof *t);
+    for (size_t i = 0; i < n; i++) t[i] = float_to_bf16(h[i]);
+    const int rc = CUDA_TRY(cudaMemcpy(d, t, n * sizeof *t, cudaMemcpyHostToDevice));
+    free(t);
+    return rc;
+}
+
+// Every value of x rounded to bf16, as the LM head writes the engine's
+// logits: version 4 reads bf16, so every check's rows are bf16 values and
+// all four versions see the same logits. (Values between them still reach
+// versions 1 to 4 through the options' penalties: check_sampler_options.)
+static void bf16_rows(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
 
 // The sampler through a workspace (version 3 needs one; 1 and 2 ignore it):
 // one buffer for the whole check, grown when a launch needs more rows,
 // zeroed when allocated (every launch leaves it zeroed again).
 static void *g_sample_ws;
 static size_t g_sample_ws_bytes;
-static int sample_ws(int version, int32_t *out, const float *logits, long long stride, int rows, int V,
-                     const float *temp, const int32_t *top_k, const float *top_p, const uint64_t *seed,
-                     const int64_t *gen, cudaStream_t stream) {
+static int sample_ws_reserve(int version, int rows) {
     const size_t need = sample_tokens_ws_bytes(version, rows);
     if (need > g_sample_ws_bytes) {
         if (CUDA_TRY(cudaDeviceSynchronize())) return -1;
@@ -850,6 +867,16 @@ static int sample_ws(int version, int32_t *out, const float *logits, long long s
         if (CUDA_TRY(cudaMalloc(&g_sample_ws, need)) || CUDA_TRY(cudaMemset(g_sample_ws, 0, need))) return -1;
         g_sample_ws_bytes = need;
     }
+    return 0;
+}
+
+static int sample_ws(int version, int32_t *out, const float *logits, const bf16_t *logits16, long long stride,
+                     int rows, int V, const float *temp, const int32_t *top_k, const float *top_p,
+                     const uint64_t *seed, const int64_t *gen, cudaStream_t stream) {
+    if (sample_ws_reserve(version, rows)) return -1;
+    if (version == 4)
+        return sample_tokens_bf16_cuda(out, logits16, NULL, NULL, stride, rows, V, temp, top_k, top_p, seed, gen,
+                                       g_sample_ws, g_sample_ws_bytes, stream);
     return sample_tokens_ws_cuda(version, out, logits, stride, rows, V, temp, top_k, top_p, seed, gen, g_sample_ws,
                                  g_sample_ws_bytes, stream);
 }
@@ -862,6 +889,7 @@ static int gpu_sample(int version, const float *logits, long long stride, int ro
     sbufs_t d = {0};
     size_t R = (size_t)rows;
     int rc = CUDA_TRY(cudaMalloc((void **)&d.logits, R * (size_t)stride * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.logits16, R * (size_t)stride * sizeof(bf16_t))) ||
              CUDA_TRY(cudaMalloc((void **)&d.temp, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_p, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_k, R * sizeof(int32_t))) ||
@@ -870,6 +898,7 @@ static int gpu_sample(int version, const float *logits, long long stride, int ro
              CUDA_TRY(cudaMalloc((void **)&d.gen, R * sizeof(int64_t)));
     if (!rc)
         rc = CUDA_TRY(cudaMemcpy(d.logits, logits, R * (size_t)stride * sizeof(float), cudaMemcpyHostToDevice)) ||
+             upload_bf16(d.logits16, logits, R * (size_t)stride) ||
              CUDA_TRY(cudaMemcpy(d.temp, temp, R * sizeof(float), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.top_p, top_p, R * sizeof(float), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.top_k, top_k, R * sizeof(int32_t), cudaMemcpyHostToDevice)) ||
@@ -877,11 +906,12 @@ static int gpu_sample(int version, const float *logits, long long stride, int ro
              CUDA_TRY(cudaMemcpy(d.gen, gen, R * sizeof(int64_t), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t)));  // poisoned: an unwritten row shows
     if (!rc)
-        rc = sample_ws(version, d.out, d.logits, stride, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+        rc = sample_ws(version, d.out, d.logits, d.logits16, stride, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen,
+                       0) ||
              CUDA_TRY(cudaDeviceSynchronize()) ||
              CUDA_TRY(cudaMemcpy(out, d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));
-    cudaFree(d.logits), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k), cudaFree(d.out), cudaFree(d.seed),
-        cudaFree(d.gen);
+    cudaFree(d.logits), cudaFree(d.logits16), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k), cudaFree(d.out),
+        cudaFree(d.seed), cudaFree(d.gen);
     return rc ? -1 : 0;
 }
 
@@ -963,6 +993,7 @@ static void fill_row(rng_t *g, float *x, int V, int kind) {
         for (int j = 0; j < 64 && 2048 * (j / 4) + j % 4 < V; j++) x[2048 * (j / 4) + j % 4] = 10.0f;
         for (int j = 0; j < 64; j++) x[rng_int(g, 0, V - 1)] = 10.0f;
     }
+    bf16_rows(x, (size_t)V);
 }
 
 // Every GPU version against the reference (sample_tokens_cpu, the same
@@ -1147,7 +1178,7 @@ static void check_sampler_paths(int V, rng_t *g) {
 // output), for every version.
 static void check_sampler_frequencies(void) {
     const int V = 8;
-    const float base[8] = {1.0f, 0.5f, 0.5f, -0.2f, 2.0f, -3.0f, 0.9f, 1.1f};
+    const float base[8] = {1.0f, 0.5f, 0.5f, -0.25f, 2.0f, -3.0f, 0.875f, 1.125f};  // bf16 values
     const float temps[3] = {1.0f, 0.7f, 1.3f};
     const int32_t tks[3] = {0, 5, 0};
     const float tps[3] = {1.0f, 1.0f, 0.8f};
@@ -1230,6 +1261,7 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
     int64_t *h_gen = malloc(R * sizeof *h_gen);
     for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) h_ids[v] = malloc(R * sizeof(int32_t));
     fill_normal_f32(g, h_logits, n, 0.0f, 3.0f);
+    bf16_rows(h_logits, n);
     for (size_t r = 0; r < R; r++) h_seed[r] = rng_u64(g), h_gen[r] = (int64_t)(rng_u64(g) >> 40);
     int dev = 0, l2 = 0;
     sbufs_t d = {0};
@@ -1238,6 +1270,7 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
     int rc = CUDA_TRY(cudaGetDevice(&dev)) || CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev)) ||
              CUDA_TRY(cudaMalloc(&flush, 2 * (size_t)l2 + 1)) ||
              CUDA_TRY(cudaMalloc((void **)&d.logits, n * sizeof(float))) ||
+             CUDA_TRY(cudaMalloc((void **)&d.logits16, n * sizeof(bf16_t))) ||
              CUDA_TRY(cudaMalloc((void **)&d.temp, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_p, R * sizeof(float))) ||
              CUDA_TRY(cudaMalloc((void **)&d.top_k, R * sizeof(int32_t))) ||
@@ -1246,6 +1279,7 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
              CUDA_TRY(cudaMalloc((void **)&d.gen, R * sizeof(int64_t))) || CUDA_TRY(cudaEventCreate(&t0)) ||
              CUDA_TRY(cudaEventCreate(&t1)) ||
              CUDA_TRY(cudaMemcpy(d.logits, h_logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
+             upload_bf16(d.logits16, h_logits, n) ||
              CUDA_TRY(cudaMemcpy(d.seed, h_seed, R * sizeof(uint64_t), cudaMemcpyHostToDevice)) ||
              CUDA_TRY(cudaMemcpy(d.gen, h_gen, R * sizeof(int64_t), cudaMemcpyHostToDevice));
     const double mb = (double)n * sizeof(float) / 1e6;
@@ -1258,12 +1292,13 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
                hi[SAMPLING_NUM_VERSIONS + 1] = {0};
         for (int v = 1; v <= SAMPLING_NUM_VERSIONS && !rc; v++) {
             rc = CUDA_TRY(cudaMemset(d.out, 0x7f, R * sizeof(int32_t))) ||  // poisoned: an unwritten row shows
-                 sample_ws(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                 sample_ws(v, d.out, d.logits, d.logits16, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
                  CUDA_TRY(cudaMemcpy(h_ids[v], d.out, R * sizeof(int32_t), cudaMemcpyDeviceToHost));  // + warm-up
             for (int i = 0; i < reps && !rc; i++) {
                 rc = CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
                      CUDA_TRY(cudaEventRecord(t0, 0)) ||
-                     sample_ws(v, d.out, d.logits, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen, 0) ||
+                     sample_ws(v, d.out, d.logits, d.logits16, V, rows, V, d.temp, d.top_k, d.top_p, d.seed, d.gen,
+                               0) ||
                      CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1)) ||
                      CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));
             }
@@ -1282,14 +1317,15 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
         printf("sampler timing %d rows x %d, %s: ", rows, V, cfg[c].what);
         for (int v = 1; v <= last; v++)
             printf("%s %.3f ms (%.3f-%.3f)%s", sampling_version_name(v), median[v], lo[v], hi[v], v < last ? ", " : "");
-        printf(", median of %d; v1/v%d %.1fx; v%d = one read of the %.1f MB of logits at %.0f GB/s\n", reps, last,
-               median[1] / median[last], last, mb, mb / median[last]);
+        printf(", median of %d; v1/v%d %.1fx; v3 = one read of the %.1f MB of fp32 logits at %.0f GB/s, v4 of the "
+               "%.1f MB of bf16 at %.0f GB/s\n",
+               reps, last, median[1] / median[last], mb, mb / median[3], mb / 2, mb / 2 / median[4]);
     }
     if (rc) verdict("FAIL", "sampler timing: %s", mv_last_error());
     if (t0) cudaEventDestroy(t0);
     if (t1) cudaEventDestroy(t1);
-    cudaFree(flush), cudaFree(d.logits), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k), cudaFree(d.out),
-        cudaFree(d.seed), cudaFree(d.gen);
+    cudaFree(flush), cudaFree(d.logits), cudaFree(d.logits16), cudaFree(d.temp), cudaFree(d.top_p), cudaFree(d.top_k),
+        cudaFree(d.out), cudaFree(d.seed), cudaFree(d.gen);
     for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) free(h_ids[v]);
     free(h_logits), free(h_temp), free(h_tp), free(ms), free(h_tk), free(h_seed), free(h_gen);
 }
@@ -1299,8 +1335,9 @@ static void time_sampler(int rows, int V, int reps, rng_t *g) {
 // The host rule is chapters/09-engine/runtime/sampler.c's sampler_sample_seq
 // (logprobs of the raw row; min_tokens; penalties; the draw with min_p),
 // called as the engine calls it; the GPU runs sampling_prepare_cuda,
-// sample_tokens_cuda (both versions) and sampling_logprobs_finish_cuda on
-// the same rows. Required: the prepared logits bit for bit equal to the
+// sample_tokens_cuda (versions 1 to 3) and sampling_logprobs_finish_cuda on
+// the same rows, and for version 4 sampling_prepare_bf16_cuda and
+// sample_tokens_bf16_cuda on their bf16 copy. Required: the prepared logits bit for bit equal to the
 // host's row after min_tokens and the penalties, masked by
 // sampling_min_p_mask_cpu (a NaN may change its payload: any NaN for a
 // NaN); the ids equal; the top ids equal; the log-probabilities within the
@@ -1391,7 +1428,7 @@ static void opts_make_row(rng_t *g, opts_batch_t *b, int r) {
     fill_row(g, x, V, b->kind[r] = r % ROW_NUM_KINDS);
     if (r % 17 == 16) {
         for (int i = 0; i < V; i++) x[i] = NAN;
-        for (int j = 0; j < 5; j++) x[rng_int(g, 0, V - 1)] = rng_normal(g, 0.0f, 2.0f);
+        for (int j = 0; j < 5; j++) x[rng_int(g, 0, V - 1)] = bf16_round(rng_normal(g, 0.0f, 2.0f));
     }
     const int crowded = r % 7 == 3 && V > 1024;
     for (int k = 0; crowded && k < 24 && 1024 * k < V; k++) x[1024 * k] = 12.0f - 0.25f * (float)k;
@@ -1502,6 +1539,7 @@ static int lp_close(float gpu, float cpu) {
 // The GPU's buffers for one batch (d_counts zeroed here, once).
 typedef struct {
     float *logits, *raw, *temp, *top_p;
+    bf16_t *logits16;  // the raw rows as bf16, which version 4 reads (and prepares from)
     int32_t *ids, *top_k, *out;
     uint32_t *counts;
     uint64_t *seed;
@@ -1511,7 +1549,7 @@ typedef struct {
 } obufs_t;
 
 static void obufs_free(obufs_t *d) {
-    cudaFree(d->logits), cudaFree(d->raw), cudaFree(d->temp), cudaFree(d->top_p), cudaFree(d->ids);
+    cudaFree(d->logits), cudaFree(d->logits16), cudaFree(d->raw), cudaFree(d->temp), cudaFree(d->top_p), cudaFree(d->ids);
     cudaFree(d->top_k), cudaFree(d->out), cudaFree(d->counts), cudaFree(d->seed), cudaFree(d->gen);
     cudaFree(d->opts), cudaFree(d->lp);
     *d = (obufs_t){0};
@@ -1521,6 +1559,7 @@ static int obufs_init(obufs_t *d, const opts_batch_t *b) {
     const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
     *d = (obufs_t){0};
     return CUDA_TRY(cudaMalloc((void **)&d->logits, n * sizeof(float))) ||
+           CUDA_TRY(cudaMalloc((void **)&d->logits16, n * sizeof(bf16_t))) || upload_bf16(d->logits16, b->logits, n) ||
            CUDA_TRY(cudaMalloc((void **)&d->raw, n * sizeof(float))) ||
            CUDA_TRY(cudaMalloc((void **)&d->temp, R * sizeof(float))) ||
            CUDA_TRY(cudaMalloc((void **)&d->top_p, R * sizeof(float))) ||
@@ -1544,14 +1583,18 @@ static int obufs_init(obufs_t *d, const opts_batch_t *b) {
                : 0;
 }
 
-// The raw logits up, the outputs poisoned (an unwritten id or logprob
-// shows; d_raw NaN), then the three launches on `stream`.
+// The raw logits up (the fp32 rows; the bf16 copy went up once, in
+// obufs_init, since nothing writes it), the outputs poisoned (an unwritten
+// id or logprob shows; d_raw NaN). version 4: the fp32 rows poisoned too
+// (all bytes 0xff): the prepare kernel must widen each row it changes from
+// the bf16 copy, and leave the others alone.
 // Ends with a device synchronize: the copies and memsets run on the legacy
 // stream, and the graph replays on a non-blocking stream, which does not wait
 // for it (a pageable cudaMemcpy may even return before its DMA is done).
-static int opts_upload(const obufs_t *d, const opts_batch_t *b) {
+static int opts_upload(int version, const obufs_t *d, const opts_batch_t *b) {
     const size_t R = (size_t)b->R, n = R * (size_t)b->stride;
-    return CUDA_TRY(cudaMemcpy(d->logits, b->logits, n * sizeof(float), cudaMemcpyHostToDevice)) ||
+    return (version == 4 ? CUDA_TRY(cudaMemset(d->logits, 0xff, n * sizeof(float)))
+                         : CUDA_TRY(cudaMemcpy(d->logits, b->logits, n * sizeof(float), cudaMemcpyHostToDevice))) ||
                    CUDA_TRY(cudaMemset(d->raw, 0xff, n * sizeof(float))) ||
                    CUDA_TRY(cudaMemset(d->out, 0x7f, R * sizeof(int32_t))) ||
                    CUDA_TRY(cudaMemset(d->lp, 0x7f, R * sizeof(sampling_logprobs_t))) ||
@@ -1561,10 +1604,20 @@ static int opts_upload(const obufs_t *d, const opts_batch_t *b) {
 }
 
 static int opts_launch(int version, const obufs_t *d, const opts_batch_t *b, cudaStream_t stream) {
+    if (version == 4)  // as the engine calls it (runner_cuda.c, enqueue_sample)
+        return sampling_prepare_bf16_cuda(d->logits, d->logits16, b->stride, b->R, b->V, d->opts, d->ids, d->counts,
+                                          d->raw, d->lp, stream) ||
+                       sample_ws_reserve(4, b->R) ||
+                       sample_tokens_bf16_cuda(d->out, d->logits16, d->logits, d->opts, b->stride, b->R, b->V, d->temp,
+                                               d->top_k, d->top_p, d->seed, d->gen, g_sample_ws, g_sample_ws_bytes,
+                                               stream) ||
+                       sampling_logprobs_finish_cuda(d->out, d->raw, b->stride, b->R, d->opts, d->lp, stream)
+                   ? -1
+                   : 0;
     return sampling_prepare_cuda(d->logits, b->stride, b->R, b->V, d->opts, d->ids, d->counts, d->raw, d->lp,
                                  stream) ||
-                   sample_ws(version, d->out, d->logits, b->stride, b->R, b->V, d->temp, d->top_k, d->top_p, d->seed,
-                             d->gen, stream) ||
+                   sample_ws(version, d->out, d->logits, NULL, b->stride, b->R, b->V, d->temp, d->top_k, d->top_p,
+                             d->seed, d->gen, stream) ||
                    sampling_logprobs_finish_cuda(d->out, d->raw, b->stride, b->R, d->opts, d->lp, stream)
                ? -1
                : 0;
@@ -1593,19 +1646,28 @@ static int opts_download(const obufs_t *d, const opts_batch_t *b, ogot_t *got) {
 }
 
 // Prepared logits against the host's: bits equal (any NaN for a NaN)
-// inside the vocabulary, the padding untouched. Mismatching rows; the first
-// few are named.
-static int opts_compare_logits(const char *what, const opts_batch_t *b, const opts_expect_t *e, const float *got) {
+// inside the vocabulary, the padding untouched. Version 4 (opts_upload
+// poisoned the fp32 rows): a row with an option on is the host's inside
+// the vocabulary, and every other value is still the poison (0xffffffff).
+// Mismatching rows; the first few are named.
+static int opts_compare_logits(int version, const char *what, const opts_batch_t *b, const opts_expect_t *e,
+                               const float *got) {
     int bad_rows = 0;
     for (int r = 0; r < b->R; r++) {
         const float *x = got + (size_t)r * b->stride, *want = e->prepared + (size_t)r * b->stride;
+        const int untouched = version == 4 && !sampling_opts_row_on(&b->opts[r]);
         for (long long i = 0; i < b->stride; i++) {
-            const int same = memcmp(&x[i], &want[i], sizeof *x) == 0 || (i < b->V && isnan(x[i]) && isnan(want[i]));
+            const int poison = version == 4 && (untouched || i >= b->V);
+            const int same = poison ? smath_bits(x[i]) == 0xffffffffu
+                                    : memcmp(&x[i], &want[i], sizeof *x) == 0 ||
+                                          (i < b->V && isnan(x[i]) && isnan(want[i]));
             if (same) continue;
             if (bad_rows < 8)
-                verdict("FAIL", "sampler options %s row %d (%s) id %lld: prepared logit %.9g (0x%08x), the host's %.9g "
+                verdict("FAIL", "sampler options %s %s row %d (%s) id %lld: prepared logit %.9g (0x%08x), %s %.9g "
                                 "(0x%08x)",
-                        what, r, ROW_KIND_NAME[b->kind[r]], i, x[i], smath_bits(x[i]), want[i], smath_bits(want[i]));
+                        sampling_version_name(version), what, r, ROW_KIND_NAME[b->kind[r]], i, x[i], smath_bits(x[i]),
+                        poison ? "left alone: want the poison" : "the host's", poison ? (double)NAN : (double)want[i],
+                        poison ? 0xffffffffu : smath_bits(want[i]));
             bad_rows++;
             break;
         }
@@ -1686,7 +1748,7 @@ static void opts_check_graph(const char *what, const obufs_t *d, const opts_batc
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     const int pdl = mv_pdl_supported();
-    int rc = opts_upload(d, b) || opts_launch(SAMPLING_FAST, d, b, 0) || opts_download(d, b, &eager) ||
+    int rc = opts_upload(SAMPLING_FAST, d, b) || opts_launch(SAMPLING_FAST, d, b, 0) || opts_download(d, b, &eager) ||
              CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) || (pdl && mv_pdl_set(1)) ||
              CUDA_TRY(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     if (!rc) {
@@ -1698,7 +1760,7 @@ static void opts_check_graph(const char *what, const obufs_t *d, const opts_batc
     int differ = 0;
     long long left = 0;
     for (int rep = 0; rep < 2 && !rc; rep++) {
-        rc = opts_upload(d, b) || CUDA_TRY(cudaGraphLaunch(exec, st)) || CUDA_TRY(cudaStreamSynchronize(st)) ||
+        rc = opts_upload(SAMPLING_FAST, d, b) || CUDA_TRY(cudaGraphLaunch(exec, st)) || CUDA_TRY(cudaStreamSynchronize(st)) ||
              opts_download(d, b, &got);
         if (rc) break;
         left += got.counts_left;
@@ -1748,12 +1810,12 @@ static void check_options_batch(int V, long long stride, int R, rng_t *g) {
         for (int v = 1; v <= SAMPLING_NUM_VERSIONS; v++) {
             const char *name = sampling_version_name(v);
             for (int rep = 0; rep < 2; rep++) {
-                if (opts_upload(&d, &b) || opts_launch(v, &d, &b, 0) || opts_download(&d, &b, &got)) {
+                if (opts_upload(v, &d, &b) || opts_launch(v, &d, &b, 0) || opts_download(&d, &b, &got)) {
                     verdict("FAIL", "sampler options %s %s: GPU: %s", name, what, mv_last_error());
                     break;
                 }
                 runs++;
-                bad_logits += opts_compare_logits(what, &b, &e, got.logits);
+                bad_logits += opts_compare_logits(v, what, &b, &e, got.logits);
                 left += got.counts_left;
                 if (rep == 0) opts_compare_draws(what, name, &b, &e, &got);
             }
@@ -1786,6 +1848,7 @@ static void time_sampler_options(int rows, int V, int reps, rng_t *g) {
     opts_batch_t b;
     opts_batch_alloc(&b, rows, V, V, per_row);
     fill_normal_f32(g, b.logits, (size_t)rows * (size_t)V, 0.0f, 3.0f);
+    bf16_rows(b.logits, (size_t)rows * (size_t)V);
     sampling_opts_row_t *off = mv_xmalloc((size_t)rows * sizeof *off);
     for (int r = 0; r < rows; r++) {
         for (int k = 0; k < per_row; k++) b.ids[(size_t)r * per_row + k] = k < 1200 ? rng_int(g, 0, 299) * 401 : rng_int(g, 0, V - 1);
@@ -1820,8 +1883,8 @@ static void time_sampler_options(int rows, int V, int reps, rng_t *g) {
             rc = CUDA_TRY(cudaMemcpyAsync(dc.logits, pristine, n * sizeof(float), cudaMemcpyDeviceToDevice, 0)) ||
                  CUDA_TRY(cudaMemsetAsync(flush, i & 0xff, 2 * (size_t)l2 + 1, 0)) ||
                  CUDA_TRY(cudaEventRecord(t0, 0)) ||
-                 (c == 0 ? sample_ws(SAMPLING_FAST, dc.out, dc.logits, V, rows, V, dc.temp, dc.top_k, dc.top_p,
-                                     dc.seed, dc.gen, 0)
+                 (c == 0 ? sample_ws(SAMPLING_FAST, dc.out, dc.logits, dc.logits16, V, rows, V, dc.temp, dc.top_k,
+                                     dc.top_p, dc.seed, dc.gen, 0)
                          : opts_launch(SAMPLING_FAST, &dc, &b, 0)) ||
                  CUDA_TRY(cudaEventRecord(t1, 0)) || CUDA_TRY(cudaEventSynchronize(t1));
             if (!rc && i >= 0) rc = CUDA_TRY(cudaEventElapsedTime(&ms[i], t0, t1));

@@ -627,7 +627,6 @@ static int device_opts_row(engine_core_t *c, const sequence_t *q, int k, int *nu
     }
     const sampler_seq_t seq = {q->tokens, q->num_prompt_tokens, q->num_tokens, c->stop_ids, n_stop};
     if (sampler_opts_row(&r->params, &seq, &c->opts[k], c->opt_ids, c->opt_ids_cap, num_ids)) return -1;
-    c->opts[k].keep_raw = c->hooks.on_logits != NULL;  // the hook sees the logits before the options change them
     return 0;
 }
 

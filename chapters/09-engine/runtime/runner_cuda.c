@@ -46,11 +46,14 @@
  *   fused_add_rmsnorm_cuda                      final norm
  *   gather_last_tokens_cuda                     the N sampled rows' hidden states
  *   linear_cuda                                 logits [N, V] bf16 (LM head)
- *   bf16_to_f32_cuda                            logits fp32
- *   sampling_prepare_cuda                       vLLM's other options on the rows that use
- *                                               them (penalties, min_tokens, min_p, logprobs)
- *   sample_tokens_ws_cuda                       N ids (step_sample), or the
- *                                               fp32 logits to the host (step)
+ *   sampling_prepare_bf16_cuda                  vLLM's other options on the rows that use
+ *                                               them (penalties, min_tokens, min_p, logprobs),
+ *                                               each such row widened to fp32 first
+ *   sample_tokens_bf16_cuda                     N ids from the bf16 logits (step_sample;
+ *                                               sampler version 4), or, in step, the
+ *                                               logits widened (bf16_to_f32_cuda) and copied
+ *                                               to the host. MV_SAMPLER=1..3: every row
+ *                                               widened first, as before version 4.
  *   sampling_logprobs_finish_cuda               the sampled tokens' logprobs
  *
  * Decode steps (every row one new token) are CUDA graphs: captured at
@@ -683,7 +686,7 @@ static const struct {
      "0 (the embedding as a kernel of its own before the megakernel) or 1 (the megakernel's first read, the "
      "default)"},
     {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
-    {"MV_SAMPLER", "123", "1, 2 or 3 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
+    {"MV_SAMPLER", "1234", "1 to 4 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
 };
 
 // The experiment switches above and MV_MEGAKERNEL_GATES
@@ -1152,19 +1155,16 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
 
 // tp > 1: the LM head on this rank's vocabulary rows, every rank's block
 // gathered, and on rank 0 (the one that samples) the blocks put in their
-// columns of [N, V] (chapter 04's assembly, padding dropped) and widened to
-// fp32, as the single-GPU LM head leaves them.
+// columns of [N, V] (chapter 04's assembly, padding dropped): the bf16
+// logits the single-GPU LM head leaves.
 static int lm_head_tp(const model_runner_t *r, cuda_state_t *s, const bf16_t *last, int N) {
     const vocab_shard_t *vs = &s->layout.vocab;
-    const int H = r->cfg.hidden_size, Vl = vs->local_rows, V = r->cfg.vocab_size;
+    const int H = r->cfg.hidden_size, Vl = vs->local_rows;
     if (linear_cuda(s->cublas, s->d_logits_local, last, s->d_lm_head, NULL, N, Vl, H, s->stream) ||
         tp_allgather(s, s->d_logits_local, s->d_logits_gathered, (size_t)N * Vl))
         return -1;
     if (s->layout.tp_rank != 0) return 0;
-    if (vocab_assemble_logits_cuda(vs, s->d_logits_gathered, N, s->d_logits_bf16, s->stream) ||
-        bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
-        return -1;
-    return 0;
+    return vocab_assemble_logits_cuda(vs, s->d_logits_gathered, N, s->d_logits_bf16, s->stream);
 }
 
 static int decode_size_index(const cuda_state_t *s, int S);
@@ -1269,13 +1269,11 @@ static int megakernel_prepare(model_runner_t *r) {
     return 0;
 }
 
-// Inputs up, the whole forward pass enqueued, fp32 logits of the sampled
-// rows left in s->d_logits. Nothing waits for the GPU here.
 // The whole forward pass of a step of T tokens, S rows and N sampled rows,
 // enqueued from the fixed device buffers alone: no host value of the step
 // but these sizes and the attention bounds enters a launch, so the same call
-// can be captured into a CUDA graph. fp32 logits of the sampled rows are left
-// in s->d_logits. Nothing waits for the GPU here.
+// can be captured into a CUDA graph. The bf16 logits of the sampled rows are
+// left in s->d_logits_bf16. Nothing waits for the GPU here.
 static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqlen_q, int max_context_len,
                            int decode_rows) {
     cuda_state_t *s = r->state;
@@ -1292,8 +1290,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         if (s->mk_embed) a.input_ids = s->d.input_ids, a.embed = s->d_embed, a.vocab = V;
         if ((!s->mk_embed && embedding_cuda(s->d_residual, s->d.input_ids, s->d_embed, T, H, 0, V, s->stream)) ||
             decode_megakernel_cuda(&a, S, s->stream) ||
-            linear_cuda(s->cublas, s->d_logits_bf16, s->d_hidden, s->d_lm_head, NULL, N, V, H, s->stream) ||
-            bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
+            linear_cuda(s->cublas, s->d_logits_bf16, s->d_hidden, s->d_lm_head, NULL, N, V, H, s->stream))
             return mv_error_prefix("the decode megakernel's step of %d rows", S);
         return 0;
     }
@@ -1360,10 +1357,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         (T != N && gather_last_tokens_cuda(s->d_last, s->d_hidden, s->d.cu_last, N, H, s->stream)))
         return -1;
     if (s->collectives) return lm_head_tp(r, s, last, N);
-    if (linear_cuda(s->cublas, s->d_logits_bf16, last, s->d_lm_head, NULL, N, V, H, s->stream) ||
-        bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream))
-        return -1;
-    return 0;
+    return linear_cuda(s->cublas, s->d_logits_bf16, last, s->d_lm_head, NULL, N, V, H, s->stream);
 }
 
 // Inputs up, then the forward pass (any step: prefill, decode, mixed).
@@ -1387,10 +1381,21 @@ static int cuda_forward(model_runner_t *r, const runner_step_t *in) {
 // The sampler, with vLLM's other options around it when `opts` (a decode
 // graph always has them: its rows' options are uploaded every step, all off
 // for a row without any, and such a row leaves the two kernels at once).
+// Version 4 reads the LM head's bf16 logits, and the rows with an option on
+// from d_logits, where the prepare kernel widened and changed them;
+// versions 1 to 3 read fp32, so every row is widened into d_logits first.
 static int enqueue_sample(model_runner_t *r, int N, int opts) {
     cuda_state_t *s = r->state;
     const int V = r->cfg.vocab_size;
-    return (opts && sampling_prepare_cuda(s->d_logits, V, N, V, s->d.opts, s->d_opt_ids, s->d_counts, s->d_raw,
+    if (s->sampling_version == 4)
+        return (opts && sampling_prepare_bf16_cuda(s->d_logits, s->d_logits_bf16, V, N, V, s->d.opts, s->d_opt_ids,
+                                                   s->d_counts, s->d_raw, s->d.lp, s->stream)) ||
+               sample_tokens_bf16_cuda(s->d.sampled, s->d_logits_bf16, s->d_logits, opts ? s->d.opts : NULL, V, N, V,
+                                       s->d.temperature, s->d.top_k, s->d.top_p, s->d.seed, s->d.gen_index,
+                                       s->d_sample_ws, s->sample_ws_bytes, s->stream) ||
+               (opts && sampling_logprobs_finish_cuda(s->d.sampled, s->d_raw, V, N, s->d.opts, s->d.lp, s->stream));
+    return bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * V, s->stream) ||
+           (opts && sampling_prepare_cuda(s->d_logits, V, N, V, s->d.opts, s->d_opt_ids, s->d_counts, s->d_raw,
                                           s->d.lp, s->stream)) ||
            sample_tokens_ws_cuda(s->sampling_version, s->d.sampled, s->d_logits, V, N, V, s->d.temperature,
                                  s->d.top_k, s->d.top_p, s->d.seed, s->d.gen_index, s->d_sample_ws,
@@ -1618,25 +1623,15 @@ static int finish_step(cuda_state_t *s) {
     return 0;
 }
 
+// The step's logits to the host (on_logits), raw, before any option changed
+// them: the LM head's bf16 widened into d_logits (after the sampler, which
+// is done with the rows an option changed there) and copied.
 static int download_logits(const model_runner_t *r, cuda_state_t *s, int N, float *logits) {
     size_t bytes = (size_t)N * (size_t)r->cfg.vocab_size * sizeof(float);
     if (N == 0 || !logits) return 0;
+    if (bf16_to_f32_cuda(s->d_logits, s->d_logits_bf16, (long long)N * r->cfg.vocab_size, s->stream)) return -1;
     cudaError_t err = cudaMemcpyAsync(logits, s->d_logits, bytes, cudaMemcpyDeviceToHost, s->stream);
     if (err != cudaSuccess) return mv_error("cudaMemcpyAsync of the logits (%zu bytes): %s", bytes, cudaGetErrorName(err));
-    return 0;
-}
-
-// The logits a caller reads (on_logits) are the raw ones: the rows the
-// options changed in place come from their raw copy instead.
-static int download_raw_rows(const model_runner_t *r, cuda_state_t *s, const runner_sampling_t *sp, int N,
-                             float *logits) {
-    const size_t V = (size_t)r->cfg.vocab_size;
-    for (int k = 0; logits && sp->opts && k < N; k++) {
-        if (!sampling_opts_row_keeps_raw(&sp->opts[k])) continue;  // not changed, or the caller did not ask
-        if (CUDA_TRY(cudaMemcpyAsync(logits + k * V, s->d_raw + k * V, V * sizeof(float), cudaMemcpyDeviceToHost,
-                                     s->stream)))
-            return -1;
-    }
     return 0;
 }
 
@@ -1664,7 +1659,7 @@ static int cuda_step_sample(model_runner_t *r, const runner_step_t *in, const ru
             (sp->opts && sp->logprobs &&
              CUDA_TRY(cudaMemcpyAsync(s->h.lp, s->d.lp, (size_t)N * sizeof(sampling_logprobs_t),
                                       cudaMemcpyDeviceToHost, s->stream))) ||
-            download_logits(r, s, N, logits) || download_raw_rows(r, s, sp, N, logits))
+            download_logits(r, s, N, logits))
             return -1;
     }
     if (timed && CUDA_TRY(cudaEventRecord(s->step_ev[1], s->stream))) return -1;
