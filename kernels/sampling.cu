@@ -722,8 +722,9 @@ sample_kernel_v3(int32_t *out, const float *logits, long long stride, int vocab,
 
 // ---- version 4: version 3 on the LM head's bf16 logits ------------------------------------------
 //
-// Why: the LM head writes bf16, and versions 1 to 3 read fp32, so the
-// engine widened every row first (bf16_to_f32_cuda): at 256 rows of 151,936
+// Why: the LM head writes bf16, and versions 1 to 3 read fp32, so an
+// engine that samples with them widens every row first (bf16_to_f32_cuda):
+// at 256 rows of 151,936
 // that kernel reads 78 MB and writes 156 MB (about 56 us at the copy rate,
 // 86 us measured), and the sampler then reads the 156 MB again. Version 4
 // reads the 78 MB of bf16 once: the widening happens in registers, where

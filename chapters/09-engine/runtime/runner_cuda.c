@@ -46,14 +46,14 @@
  *   fused_add_rmsnorm_cuda                      final norm
  *   gather_last_tokens_cuda                     the N sampled rows' hidden states
  *   linear_cuda                                 logits [N, V] bf16 (LM head)
- *   sampling_prepare_bf16_cuda                  vLLM's other options on the rows that use
- *                                               them (penalties, min_tokens, min_p, logprobs),
- *                                               each such row widened to fp32 first
- *   sample_tokens_bf16_cuda                     N ids from the bf16 logits (step_sample;
- *                                               sampler version 4), or, in step, the
- *                                               logits widened (bf16_to_f32_cuda) and copied
- *                                               to the host. MV_SAMPLER=1..3: every row
- *                                               widened first, as before version 4.
+ *   bf16_to_f32_cuda                            logits fp32 (step_sample)
+ *   sampling_prepare_cuda                       vLLM's other options on the rows that use
+ *                                               them (penalties, min_tokens, min_p, logprobs)
+ *   sample_tokens_ws_cuda                       N ids (step_sample), or, in step, the
+ *                                               logits widened and copied to the host.
+ *                                               MV_SAMPLER=4: sampling_prepare_bf16_cuda and
+ *                                               sample_tokens_bf16_cuda on the bf16 logits,
+ *                                               with no conversion of the rows without options
  *   sampling_logprobs_finish_cuda               the sampled tokens' logprobs
  *
  * Decode steps (every row one new token) are CUDA graphs: captured at
