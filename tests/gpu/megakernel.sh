@@ -126,7 +126,7 @@ model=(--random-weights --model tests/data/qwen3-0.6b-shape --device cuda)
 # RoPE + KV store as a phase of their own / inside its attention pieces (MV_MEGAKERNEL_FUSED_ROPE),
 # g2 / g3 the megakernel and every GEMV on linear version 2 / 3 (MV_LINEAR_GEMV), base BASE's minivllm;
 # gates=Q,O,G,D (or gates=off) the producer's refills gated on the grid barriers (MV_MEGAKERNEL_GATES),
-# s1 / s2 / s3 the sampler's version (MV_SAMPLER; kernels/sampling.h), silu0 / silu1 the megakernel's
+# s1 / s2 / s3 / s4 the sampler's version (MV_SAMPLER; kernels/sampling.h), silu0 / silu1 the megakernel's
 # SiluAndMul in down's staging / in gate_up's GEMV (MV_MEGAKERNEL_SILU), red1 / red2 its reduction's
 # version (MV_MEGAKERNEL_REDUCE), pu0 / pu1 a decode step's inputs in a copy per array / in one
 # (MV_PACKED_UPLOAD), emb0 / emb1 the embedding as a kernel of its own / inside the megakernel
@@ -148,7 +148,7 @@ variant_env() {
     fr0) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=0 ;;
     fr1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_FUSED_ROPE=1 ;;
     gates=*) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_GATES="${1#gates=}" ;;
-    s1|s2|s3) echo MV_SAMPLER="${1#s}" ;;
+    s1|s2|s3|s4) echo MV_SAMPLER="${1#s}" ;;
     silu0|silu1) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_SILU="${1#silu}" ;;
     red1|red2) echo MV_MEGAKERNEL=1 MV_MEGAKERNEL_REDUCE="${1#red}" ;;
     pu0|pu1) echo MV_PACKED_UPLOAD="${1#pu}" ;;
