@@ -839,7 +839,7 @@ typedef struct {
 // the checks make bf16 values (bf16_rows), so nothing is rounded here.
 static int upload_bf16(bf16_t *d, const float *h, size_t n) {
     bf16_t *t = mv_xmalloc(n * sizeof *t);
-    for (size_t i = 0; i < n; i++) t[i] = float_to_bf16(h[i]);
+    float_to_bf16_array(t, h, n);
     const int rc = CUDA_TRY(cudaMemcpy(d, t, n * sizeof *t, cudaMemcpyHostToDevice));
     free(t);
     return rc;
