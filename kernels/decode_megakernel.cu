@@ -100,6 +100,7 @@ typedef __nv_bfloat16 bf16;
 #include "kernels/paged_kv.cuh"
 #define MV_DECODE_DEVICE_ONLY
 #include "kernels/attention_decode.cuh"
+#include "kernels/decode_rope_prep.cuh"
 
 namespace mk {
 
@@ -660,7 +661,6 @@ __device__ __forceinline__ void gemv_any(const wbuf &b, int K, int ks, unsigned 
 
 // ---- RMSNorm (rmsnorm_kernel_v3's sums) ---------------------------------------------------
 
-__device__ __forceinline__ uint4 ldcg16(const bf16 *p) { return __ldcg(reinterpret_cast<const uint4 *>(p)); }
 
 // The norms' block sums meet at two mbarriers of CONSUMERS arrivals, used in
 // turn, each with its own warp sums: call k writes partial[k % 2] and meets
@@ -724,10 +724,10 @@ __device__ __forceinline__ void norm_rows(const bf16 *res_in, const bf16 *x, con
             }
         } else if (i < nvec) {
             const long long at = (long long)m * H + i * 8;
-            uint4 raw = ldcg16((x ? x : res_in) + at);
+            uint4 raw = dec_ldcg16((x ? x : res_in) + at);
             v = *reinterpret_cast<const bf16_vec<8> *>(&raw);
             if (x) {
-                uint4 rraw = ldcg16(res_in + at);
+                uint4 rraw = dec_ldcg16(res_in + at);
                 const bf16_vec<8> r = *reinterpret_cast<const bf16_vec<8> *>(&rraw);
 #pragma unroll
                 for (int e = 0; e < 8; e++) v.v[e] = __float2bfloat16(__bfloat162float(v.v[e]) + __bfloat162float(r.v[e]));
@@ -760,35 +760,8 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 
 // ---- q/k norm + RoPE + the KV store (qk_norm_rope version 6, store_kvcache) --------------
 
-__device__ __forceinline__ void check_slot(int slot, long long num_slots) {
-    if (slot < -1 || (long long)slot >= num_slots) __trap();
-}
-
-// One lane's 8 + 8 values of a head (x1 in the first half, x2 in the
-// second), normed over the LANES lanes of `mask` with weight (wa, wb) and
-// rotated by (cs, sn), in qk_norm_rope version 6's order (MATH 1: rotate,
-// then scale): o1 and o2. rope_store and rope_prep both take it from here.
-template <int LANES>
-__device__ __forceinline__ void norm_rotate(const rope_fused::pack<8> &x1, const rope_fused::pack<8> &x2,
-                                            const rope_fused::pack<8> &wa, const rope_fused::pack<8> &wb,
-                                            const rope_fused::fvec<8> &cs, const rope_fused::fvec<8> &sn,
-                                            unsigned mask, float eps, float (&o1)[8], float (&o2)[8]) {
-    using namespace rope_fused;
-    constexpr int VEC = 8, D = 2 * VEC * LANES;
-    float ss = 0.0f;
-#pragma unroll
-    for (int e = 0; e < VEC; e++) {
-        const float x = get(x1, e), y = get(x2, e);
-        ss += x * x + y * y;
-    }
-    const float inv_rms = group_inv_rms<LANES>(ss, mask, D, eps);
-    float co[VEC], si[VEC];
-#pragma unroll
-    for (int e = 0; e < VEC; e++) co[e] = cs.v[e], si[e] = sn.v[e];
-    rotate_scaled<VEC>(x1, x2, wa, wb, co, si, o1, o2);
-#pragma unroll
-    for (int e = 0; e < VEC; e++) o1[e] *= inv_rms, o2[e] *= inv_rms;
-}
+// norm_rotate (kernels/decode_rope_prep.cuh): qk_norm_rope version 6's arithmetic, which rope_store and
+// the attention pieces' dec_prep_rope share.
 
 // A group of LANES lanes per head (D = 16 * LANES), every head of every row.
 template <int LANES, int NW>
@@ -808,7 +781,7 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
         bf16 *head = reinterpret_cast<bf16 *>(a.qkv) + (long long)m * p.qkv_n + (is_q ? h * D : p.qn + (h - nq) * D);
         const int pos = a.positions[m];
         check_pos(pos, a.max_position);
-        uint4 r1 = ldcg16(head + lane * VEC), r2 = ldcg16(head + HALF + lane * VEC);
+        uint4 r1 = dec_ldcg16(head + lane * VEC), r2 = dec_ldcg16(head + HALF + lane * VEC);
         const vec_t x1 = *reinterpret_cast<const vec_t *>(&r1), x2 = *reinterpret_cast<const vec_t *>(&r2);
         const bf16 *w = reinterpret_cast<const bf16 *>(is_q ? ly.q_norm : ly.k_norm);
         const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
@@ -825,12 +798,12 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
             continue;
         }
         const int slot = a.slot_mapping[m];
-        check_slot(slot, p.num_slots);
+        rope_fused::check_store_slot(slot, p.num_slots);
         if (slot < 0) continue;  // a padding row: its slot is left alone
         const long long at = (long long)slot * nkv * D + (long long)(h - nq) * D;
         bf16 *kc = reinterpret_cast<bf16 *>(ly.k_cache) + at, *vc = reinterpret_cast<bf16 *>(ly.v_cache) + at;
         const bf16 *v = head + nkv * D;  // the v head sits nkv heads after its k head
-        const uint4 v1 = ldcg16(v + lane * VEC), v2 = ldcg16(v + HALF + lane * VEC);
+        const uint4 v1 = dec_ldcg16(v + lane * VEC), v2 = dec_ldcg16(v + HALF + lane * VEC);
         reinterpret_cast<vec_t *>(kc)[lane] = y1;
         reinterpret_cast<vec_t *>(kc + HALF)[lane] = y2;
         reinterpret_cast<uint4 *>(vc + lane * VEC)[0] = v1;
@@ -842,105 +815,34 @@ __device__ __forceinline__ void rope_store(const params &p, const megakernel_lay
 //
 // MV_MEGAKERNEL_FUSED_ROPE=1 (the default, where a kv head has one piece
 // CTA per row and piece: groups_per_kv 1): phase 2 and its barrier are gone.
-// A piece normalises and rotates its own G query heads from the raw QKV
-// row, and the piece that holds a row's last key (the new token's) computes
-// that key the same way, stores it and its value into the cache, and meets
-// its team before reading keys. The arithmetic is rope_store's, lane for
-// lane: in a piece a lane holds dims part*8 .. part*8 + 7 of a head (LPK =
-// D / 8 lanes a head), so lane part % (LPK / 2) of the first half is
-// rope_store's lane, and the lane of the same dims in the second half
-// computes the same sum of squares, the same group sum over its own LPK / 2
-// lanes and takes the rotation's second output. Every piece of a row
-// computes its queries again (G heads of D values: a few hundred FLOPs).
-template <int D>
-struct rope_prep {
-    static constexpr int VEC = 8, LANES = D / 16, HALF = D / 2;
-    using vec_t = rope_fused::pack<VEC>;
-    using fvec_t = rope_fused::fvec<VEC>;
+// The pieces take dec_prep_rope (kernels/decode_rope_prep.cuh, which says
+// how), reading the step from the params and the weights and caches from
+// the layer; with a timeline, block 0's first piece's times.
+struct mk_rope_src {
     const params *p;
     megakernel_layer_t ly;
     unsigned long long *tl;  // the profile's timeline, or NULL
     int L, l;                // the model's layers, this one
-
-    // Block 0's first piece's times (MEGAKERNEL_TIMELINE_PIECE).
     __device__ __forceinline__ void mark(int k) const {
         if (tl && blockIdx.x == 0 && threadIdx.x == 0) tl[MEGAKERNEL_TIMELINE_PIECE(L, l, k)] = globaltimer();
     }
-
-    // A head's two halves as rope_store's lane (part % LANES) reads them.
-    struct raw {
-        vec_t x1, x2;
-    };
-    static __device__ __forceinline__ raw load(const bf16 *head, int part) {
-        const int lane = part % LANES;
-        uint4 r1 = ldcg16(head + lane * VEC), r2 = ldcg16(head + HALF + lane * VEC);
-        return {*reinterpret_cast<const vec_t *>(&r1), *reinterpret_cast<const vec_t *>(&r2)};
-    }
-    // The head normed with w and rotated by (cs, sn): this lane's 8 dims.
-    __device__ __forceinline__ vec_t norm_rope(const raw &x, const bf16_t *wt, const fvec_t &cs, const fvec_t &sn,
-                                               int part) const {
-        using namespace rope_fused;
-        const int lane = part % LANES;
-        const bf16 *w = reinterpret_cast<const bf16 *>(wt);
-        const vec_t wa = reinterpret_cast<const vec_t *>(w)[lane];
-        const vec_t wb = reinterpret_cast<const vec_t *>(w + HALF)[lane];
-        float o1[VEC], o2[VEC];
-        norm_rotate<LANES>(x.x1, x.x2, wa, wb, cs, sn, 0xffffffffu, p->a.eps, o1, o2);
-        return part < LANES ? put<VEC>(o1) : put<VEC>(o2);
-    }
-
-    // Every load first (the queries, and in the last piece warp 0's key,
-    // value and slot), then the cos/sin row of the position, then the math:
-    // two trips to L2 before the keys, where the plain queries take one
-    // but come after rope_store's phase and its barrier. Warp 0 of the last piece
-    // computes its kv head's new key (both substreams the same lanes'
-    // values); its first D / 8 lanes store key and value, 16 bytes each, as
-    // rope_store does (slot -1: a padding row, left alone).
-    template <int DD, int G, class Ld>
-    __device__ __forceinline__ bool begin(float (&qf)[G][8], const bf16 *q, long long q_stride, int s, int h0,
-                                          int kvh, int part, int tid, bool last, float scale_log2) const {
-        static_assert(DD == D, "one head size");
-        mark(0);
-        const megakernel_args_t &a = p->a;
-        const int pos = a.positions[s], nkv = a.num_kv_heads;
-        raw xq[G];
-#pragma unroll
-        for (int g = 0; g < G; g++) xq[g] = load(q + (long long)s * q_stride + (long long)(h0 + g) * D, part);
-        const bool key = last && tid < 32;
-        const bf16 *khead = reinterpret_cast<const bf16 *>(a.qkv) + (long long)s * p->qkv_n + p->qn + kvh * D;
-        raw xk = {};
-        uint4 v = make_uint4(0, 0, 0, 0);
-        int slot = -1;
-        if (key) {
-            xk = load(khead, part);
-            v = ldcg16(khead + nkv * D + part * 8);
-            slot = a.slot_mapping[s];
-        }
-        rope_fused::check_pos(pos, a.max_position);
-        const int lane = part % LANES;
-        const fvec_t cs = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D)[lane];
-        const fvec_t sn = reinterpret_cast<const fvec_t *>(a.cos_sin + (long long)pos * D + HALF)[lane];
-#pragma unroll
-        for (int g = 0; g < G; g++) {
-            const vec_t y = norm_rope(xq[g], ly.q_norm, cs, sn, part);
-            bf16x8_to_float(*reinterpret_cast<const uint4 *>(&y), qf[g]);
-#pragma unroll
-            for (int e = 0; e < 8; e++) qf[g][e] *= scale_log2;
-        }
-        mark(1);
-        if (!last) return false;
-        if (key) {
-            const vec_t y = norm_rope(xk, ly.k_norm, cs, sn, part);
-            check_slot(slot, p->num_slots);
-            if (tid < D / 8 && slot >= 0) {
-                const long long at = (long long)slot * nkv * D + (long long)kvh * D + part * 8;
-                *reinterpret_cast<vec_t *>(reinterpret_cast<bf16 *>(ly.k_cache) + at) = y;
-                *reinterpret_cast<uint4 *>(reinterpret_cast<bf16 *>(ly.v_cache) + at) = v;
-            }
-        }
-        return true;
-    }
+    __device__ __forceinline__ const int32_t *positions() const { return p->a.positions; }
+    __device__ __forceinline__ const int32_t *slot_mapping() const { return p->a.slot_mapping; }
+    __device__ __forceinline__ const float *cos_sin() const { return p->a.cos_sin; }
+    __device__ __forceinline__ const bf16 *q_norm() const { return reinterpret_cast<const bf16 *>(ly.q_norm); }
+    __device__ __forceinline__ const bf16 *k_norm() const { return reinterpret_cast<const bf16 *>(ly.k_norm); }
+    __device__ __forceinline__ bf16 *k_cache() const { return reinterpret_cast<bf16 *>(ly.k_cache); }
+    __device__ __forceinline__ bf16 *v_cache() const { return reinterpret_cast<bf16 *>(ly.v_cache); }
+    __device__ __forceinline__ const bf16 *qkv() const { return reinterpret_cast<const bf16 *>(p->a.qkv); }
+    __device__ __forceinline__ int qkv_stride() const { return p->qkv_n; }
+    __device__ __forceinline__ int qn() const { return p->qn; }
+    __device__ __forceinline__ int num_kv_heads() const { return p->a.num_kv_heads; }
+    __device__ __forceinline__ long long num_slots() const { return p->num_slots; }
+    __device__ __forceinline__ int max_position() const { return p->a.max_position; }
+    __device__ __forceinline__ float eps() const { return p->a.eps; }
 };
+template <int D>
+using rope_prep = dec_prep_rope<D, mk_rope_src>;
 
 // ---- attention (chapter 07's decode pieces and reduction) --------------------------------
 
@@ -1127,7 +1029,7 @@ __global__ void __launch_bounds__(cfg<NW>::THREADS, 1) decode_megakernel(const _
         barrier<NW>(&gb, tl, p, bars, PHASE_SLOTS * l + 0);
         if (p.fused_rope) {
             // 2-3. attention, each piece with its queries' q/k norm and RoPE (and the last key's store)
-            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{&p, ly, tl, L, l});
+            attention<D, G, NW>(p, ly, MT, att, rope_prep<D>{{&p, ly, tl, L, l}});
         } else {
             // 2. q/k norm, RoPE, KV store
             rope_store<D / 16, NW>(p, ly, MT);
