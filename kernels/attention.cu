@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "kernels/common.cuh"
 #include "kernels/paged_kv.cuh"
+#include "kernels/rope.h"
 #include "reference/attention.h"
 
 typedef __nv_bfloat16 bf16;
@@ -130,6 +131,8 @@ attention_kernel_v1(bf16 *out, const bf16 *q, long long q_stride, KV kv, const i
     if (t < D) out[((long long)(first + i) * H + h) * D + t] = __float2bfloat16(last >= 0 ? acc / l : 0.0f);
 }
 
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope_fused.cuh"
 #include "kernels/attention_decode.cuh"
 #include "kernels/attention_flash.cuh"
 #include "kernels/attention_flash3.cuh"
@@ -273,13 +276,14 @@ extern "C" size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, 
     return (size_t)num_seqs * num_heads * num_splits * ((size_t)head_dim + 2) * sizeof(float);
 }
 
-extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
-                                     long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
-                                     const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
-                                     int max_context_len, int num_heads, int num_kv_heads, int head_dim,
-                                     int block_size, int num_blocks, int max_blocks, float scale, void *d_workspace,
-                                     size_t workspace_bytes, cudaStream_t stream) {
-    const char *fn = "attention_decode_cuda";
+// attention_decode_cuda, and with rope (its q the raw QKV rows) the pieces
+// of attention_decode_rope_cuda's one kernel.
+static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
+                      long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
+                      const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs, int max_context_len,
+                      int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
+                      float scale, void *d_workspace, size_t workspace_bytes, const dec_rope_args *rope,
+                      cudaStream_t stream) {
     if (version < 1 || version > ATTN_DECODE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", fn, version, ATTN_DECODE_NUM_VERSIONS);
     if (check_heads(fn, num_seqs, num_heads, num_kv_heads, head_dim, scale) ||
@@ -323,8 +327,68 @@ extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out,
         if (need > 0 && !mv_aligned(d_workspace, 16))
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
         if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, stream))
+                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, rope, stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());
+}
+
+extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
+                                     long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
+                                     const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
+                                     int max_context_len, int num_heads, int num_kv_heads, int head_dim,
+                                     int block_size, int num_blocks, int max_blocks, float scale, void *d_workspace,
+                                     size_t workspace_bytes, cudaStream_t stream) {
+    return decode_run("attention_decode_cuda", version, num_splits, d_out, d_q, q_stride, d_k_cache, d_v_cache,
+                      d_context_lens, d_block_tables, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
+                      block_size, num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
+}
+
+extern "C" int attention_decode_rope_fused(int version, const bf16_t *d_qkv, const attention_decode_rope_t *rope,
+                                           const bf16_t *d_k_cache, const bf16_t *d_v_cache, int num_heads,
+                                           int num_kv_heads, int head_dim) {
+    if (version < 2 || version > ATTN_DECODE_NUM_VERSIONS || !rope || !rope->cache || !rope->cache->d_cos_sin)
+        return 0;
+    if (head_dim != 64 && head_dim != 128) return 0;
+    if (num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads) return 0;
+    const int group = num_heads / num_kv_heads;
+    // One CTA a kv head (G = the group): else a second CTA of the head could
+    // read the new key before the first has stored it.
+    if (group != 1 && group != 2 && group != 4 && group != 8) return 0;
+    if (rope->cache->head_dim != head_dim) return 0;
+    const void *sixteen[] = {d_qkv, rope->q_norm_w, rope->k_norm_w, d_k_cache, d_v_cache};
+    for (size_t i = 0; i < sizeof sixteen / sizeof *sixteen; i++)
+        if (!sixteen[i] || !mv_aligned(sixteen[i], 16)) return 0;
+    return mv_aligned(rope->cache->d_cos_sin, 32);
+}
+
+extern "C" int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d_out, bf16_t *d_qkv,
+                                          const attention_decode_rope_t *rope, bf16_t *d_k_cache, bf16_t *d_v_cache,
+                                          const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
+                                          int max_context_len, int num_heads, int num_kv_heads, int head_dim,
+                                          int block_size, int num_blocks, int max_blocks, float scale,
+                                          void *d_workspace, size_t workspace_bytes, cudaStream_t stream) {
+    const char *fn = "attention_decode_rope_cuda";
+    if (!rope) return mv_error("%s: no q/k norm and RoPE arguments", fn);
+    if (num_heads < 1 || num_kv_heads < 1 || head_dim < 1)
+        return mv_error("%s: %d query heads, %d kv heads, head_dim %d", fn, num_heads, num_kv_heads, head_dim);
+    const long long qkv_stride = (long long)(num_heads + 2 * num_kv_heads) * head_dim;
+    if (!attention_decode_rope_fused(version, d_qkv, rope, d_k_cache, d_v_cache, num_heads, num_kv_heads, head_dim))
+        // The two kernels: the same bits (and q and k left normed in d_qkv).
+        return qk_norm_rope_store_cuda(d_qkv, rope->q_norm_w, rope->k_norm_w, rope->positions, rope->cache,
+                                       d_k_cache, d_v_cache, rope->slot_mapping, num_seqs, num_heads, num_kv_heads,
+                                       head_dim, rope->eps, block_size, num_blocks, stream) ||
+               decode_run(fn, version, num_splits, d_out, d_qkv, qkv_stride, d_k_cache, d_v_cache, d_context_lens,
+                          d_block_tables, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim, block_size,
+                          num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
+    if (num_seqs > 0 && (!rope->positions || !rope->slot_mapping))
+        return mv_error("%s: null positions or slot_mapping for a non-empty batch", fn);
+    const dec_rope_args ra = {(const bf16 *)d_qkv, qkv_stride, num_heads * head_dim, num_kv_heads,
+                              rope->cache->max_position, rope->eps, (const bf16 *)rope->q_norm_w,
+                              (const bf16 *)rope->k_norm_w, rope->cache->d_cos_sin, rope->positions,
+                              rope->slot_mapping, (bf16 *)d_k_cache, (bf16 *)d_v_cache,
+                              (long long)num_blocks * block_size};
+    return decode_run(fn, version, num_splits, d_out, d_qkv, qkv_stride, d_k_cache, d_v_cache, d_context_lens,
+                      d_block_tables, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim, block_size,
+                      num_blocks, max_blocks, scale, d_workspace, workspace_bytes, &ra, stream);
 }

@@ -82,6 +82,7 @@
 #include <stdint.h>
 
 #include "common/bf16.h"
+#include "kernels/rope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -141,6 +142,46 @@ int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16
                           const int32_t *d_block_tables, int num_seqs, int max_context_len, int num_heads,
                           int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
                           float scale, void *d_workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// Decode with chapter 05's q/k norm + RoPE and chapter 06's store in it:
+// the same as qk_norm_rope_store_cuda (kernels/rope.h) on d_qkv followed by
+// attention_decode_cuda(version, ...) with d_q = d_qkv, in one kernel where
+// attention_decode_rope_fused() says so (kernels/decode_rope_prep.cuh):
+// each piece norms and rotates its own queries from the raw QKV row, and
+// the piece that holds a row's last key (the new token's) stores that key
+// and its value into the cache before it reads its keys. The output and
+// the caches are the two kernels' bits. d_qkv [num_seqs, (num_heads + 2 *
+// num_kv_heads) * head_dim] holds one token a row ([q | k | v], the
+// engine's layout); the one kernel leaves its q and k columns raw, the two
+// leave them normed and rotated: read neither afterwards. Slots are chapter
+// 06's (-1 = store nothing; check them on the host first,
+// kv_store_validate_slots: one out of range traps), positions must be below
+// the cache's max_position (else a trap). num_splits, the workspace and the
+// other arguments as attention_decode_cuda; versions 2 to 5 fuse, version 1
+// runs the two kernels. Checked by chapter 07 against the two kernels, bit
+// for bit, and against the CPU reference.
+typedef struct {
+    const bf16_t *q_norm_w, *k_norm_w;  // [head_dim] each
+    const int32_t *positions;           // [num_seqs]
+    const rope_cache_gpu_t *cache;      // cos/sin [max_position, head_dim] (kernels/rope.h)
+    const int32_t *slot_mapping;        // [num_seqs]
+    float eps;                          // the q/k RMSNorm's epsilon
+} attention_decode_rope_t;
+
+int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d_out, bf16_t *d_qkv,
+                               const attention_decode_rope_t *rope, bf16_t *d_k_cache, bf16_t *d_v_cache,
+                               const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
+                               int max_context_len, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                               int num_blocks, int max_blocks, float scale, void *d_workspace, size_t workspace_bytes,
+                               cudaStream_t stream);
+
+// 1 when attention_decode_rope_cuda runs one kernel for these arguments:
+// version 2 to 5, head_dim 64 or 128, a GQA group of 1, 2, 4 or 8 (one CTA
+// covers a kv head's queries), d_qkv, the weights and the caches 16-byte
+// aligned, cos/sin 32-byte aligned; 0 when it runs the two kernels.
+int attention_decode_rope_fused(int version, const bf16_t *d_qkv, const attention_decode_rope_t *rope,
+                                const bf16_t *d_k_cache, const bf16_t *d_v_cache, int num_heads, int num_kv_heads,
+                                int head_dim);
 
 #ifdef __cplusplus
 }

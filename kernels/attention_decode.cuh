@@ -293,6 +293,66 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
 }
 
 #ifndef MV_DECODE_DEVICE_ONLY
+#include "kernels/decode_rope_prep.cuh"
+
+// attention_decode_rope_cuda's arguments on the device: the raw QKV rows
+// [rows, qkv_stride] (q at column 0, k at qn, v at qn + Hkv * D) and what
+// q/k norm, RoPE and the store read (kernels/decode_rope_prep.cuh).
+struct dec_rope_args {
+    const bf16 *qkv;
+    long long qkv_stride;
+    int qn, num_kv_heads, max_position;
+    float eps;
+    const bf16 *q_norm, *k_norm;
+    const float *cos_sin;
+    const int32_t *positions, *slot_mapping;
+    bf16 *k_cache, *v_cache;
+    long long num_slots;
+};
+struct dec_rope_src {
+    const dec_rope_args *a;
+    __device__ __forceinline__ void mark(int) const {}
+    __device__ __forceinline__ const bf16 *qkv() const { return a->qkv; }
+    __device__ __forceinline__ long long qkv_stride() const { return a->qkv_stride; }
+    __device__ __forceinline__ int qn() const { return a->qn; }
+    __device__ __forceinline__ const int32_t *positions() const { return a->positions; }
+    __device__ __forceinline__ const int32_t *slot_mapping() const { return a->slot_mapping; }
+    __device__ __forceinline__ const float *cos_sin() const { return a->cos_sin; }
+    __device__ __forceinline__ const bf16 *q_norm() const { return a->q_norm; }
+    __device__ __forceinline__ const bf16 *k_norm() const { return a->k_norm; }
+    __device__ __forceinline__ bf16 *k_cache() const { return a->k_cache; }
+    __device__ __forceinline__ bf16 *v_cache() const { return a->v_cache; }
+    __device__ __forceinline__ int num_kv_heads() const { return a->num_kv_heads; }
+    __device__ __forceinline__ long long num_slots() const { return a->num_slots; }
+    __device__ __forceinline__ int max_position() const { return a->max_position; }
+    __device__ __forceinline__ float eps() const { return a->eps; }
+};
+
+// decode_kernel_v2 with q/k norm, RoPE and the KV store in its pieces
+// (groups_per_kv 1: one CTA a kv head). The piece that holds a row's last
+// key stores it and then reads it back, so its keys come through L2
+// (dec_ld_cg: the read-only path is only for data no thread of the kernel
+// writes); every other piece reads through the read-only path as
+// decode_kernel_v2 does.
+template <int D, int G>
+__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
+decode_kernel_v2_rope(bf16 *out, PagedKV kv, int H, int Hkv, float scale_log2, int num_splits, int split_len,
+                      float *ws_o, float *ws_ml, const __grid_constant__ dec_rope_args ra) {
+    pdl_launch_dependents();
+    pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
+    __shared__ __align__(16) float sm[dec_piece_smem_floats<D, G>()];
+    const dec_prep_rope<D, dec_rope_src> prep{{&ra}};
+    const int s = blockIdx.y, split = blockIdx.z, ctx = kv.num_keys(s);
+    const int len = decode_piece_len(split_len, ctx, num_splits), start = split * len;
+    const int end = split == num_splits - 1 ? ctx : min(ctx, start + len);
+    if (start < end && end == ctx)
+        decode_piece_v2<D, G, dec_ld_cg>(blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H,
+                                         Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml, prep);
+    else
+        decode_piece_v2<D, G, dec_ld_nc>(blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H,
+                                         Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml, prep);
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
 decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
@@ -430,7 +490,7 @@ static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, in
 template <int D, int G>
 static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, int reduce_v, cudaStream_t stream) {
+                               int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
@@ -442,8 +502,12 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
     const int groups_per_kv = H / Hkv / G;
     dim3 grid((unsigned)(Hkv * groups_per_kv), (unsigned)num_seqs, (unsigned)num_splits);
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x log2 e): exp2f is one instruction
-    mv_launch(decode_kernel_v2<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, q, q_stride, kv, H, Hkv, scale_log2,
-              num_splits, split_len, ws_o, ws_ml);
+    if (rope)
+        mv_launch(decode_kernel_v2_rope<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, kv, H, Hkv, scale_log2,
+                  num_splits, split_len, ws_o, ws_ml, *rope);
+    else
+        mv_launch(decode_kernel_v2<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, q, q_stride, kv, H, Hkv,
+                  scale_log2, num_splits, split_len, ws_o, ws_ml);
     if (num_splits > 1)
         mv_launch(reduce_v == 2 ? decode_reduce_kernel<2> : decode_reduce_kernel<1>, dim3((unsigned)H, (unsigned)num_seqs),
                   dim3(D), 0, stream, out, (const float *)ws_o, (const float *)ws_ml, kv.context_lens, H, D, num_splits,
@@ -456,25 +520,25 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
 template <int D>
 static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                                int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, int reduce_v, cudaStream_t stream) {
+                               int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
-        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
     else if (group % 4 == 0)
-        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
     else if (group % 2 == 0)
-        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
     else
-        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
 }
 
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            int row_piece, int reduce_v, cudaStream_t stream) {
+                            int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
     if (D == 128)
-        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
     else
-        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, stream);
+        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
     return 0;
 }
 #endif  // MV_DECODE_DEVICE_ONLY

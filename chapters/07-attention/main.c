@@ -62,6 +62,8 @@
 #include "common/rng.h"
 #include "kernels/versions.h"
 #include "reference/attention.h"
+#include "reference/kv_store.h"
+#include "reference/rope.h"
 
 // ---- tolerances: each with its reason ------------------------------------------
 static const tolerance_t TOL_F64 = {
@@ -202,6 +204,7 @@ static void check_rejections(harness_t *h) {
 // ---- 4. the CUDA kernels (kernels/attention.cu) -----------------------------------------
 #if MV_HAVE_CUDA
 #include "kernels/attention.h"
+#include "kernels/pdl.h"
 
 // Naive prefill, naive decode, split decode: fp32 scores, softmax and sums.
 static const tolerance_t TOL_GPU = {
@@ -677,6 +680,259 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, d
     dcase_free(&d);
 }
 
+// ---- 6. decode with q/k norm, RoPE and the KV store (attention_decode_rope_cuda) -----------
+
+// One decode step as the engine runs it: S rows of one new token each, the
+// QKV rows raw from the projection, the cache holding every row's earlier
+// keys, the new key's slot poisoned. The last row of a batch of three or
+// more is a padding row (context 0, slot -1), as a decode graph pads.
+typedef struct {
+    int S, H, Hkv, D, bs, nb, mb, max_ctx, real;
+    long long qkv_stride;
+    size_t qkv_n, cache_n;
+    bf16_t *h_qkv, *h_kc, *h_vc, *h_w;  // host copies: raw QKV, caches, q_norm then k_norm
+    int32_t *lens, *tables, *pos, *slots;
+    rope_cache_t cache;
+    rope_cache_gpu_t d_cache;
+    // two sets of device buffers: [0] the two kernels, [1] the one
+    bf16_t *qkv[2], *kc[2], *vc[2], *out[2], *w;
+    int32_t *d_lens, *d_tables, *d_pos, *d_slots;
+    void *ws;
+    size_t ws_bytes;
+} rcase_t;
+
+// big (the timings): the caches filled on the device from a repeated
+// pattern, no host copies (rcase_reset then resets QKV and the output only).
+static void rcase_make(rcase_t *c, rng_t *rng, int S, int H, int Hkv, int D, int bs, int min_ctx, int max_ctx,
+                       int big) {
+    memset(c, 0, sizeof *c);
+    c->S = S, c->H = H, c->Hkv = Hkv, c->D = D, c->bs = bs, c->max_ctx = max_ctx;
+    c->real = S >= 3 ? S - 1 : S;
+    c->mb = (max_ctx + bs - 1) / bs;
+    c->qkv_stride = (long long)(H + 2 * Hkv) * D;
+    c->qkv_n = (size_t)S * c->qkv_stride;
+    const size_t kvrow = (size_t)Hkv * D;
+    c->lens = mv_xmalloc(sizeof(int32_t) * S);
+    c->tables = mv_xmalloc(sizeof(int32_t) * (size_t)S * c->mb);
+    c->pos = mv_xmalloc(sizeof(int32_t) * S);
+    c->slots = mv_xmalloc(sizeof(int32_t) * S);
+    for (int s = 0; s < S; s++)  // row 0: a first token alone; the last of three or more: padding
+        c->lens[s] = s >= c->real ? 0 : s == 0 ? 1 : rng_int(rng, min_ctx, max_ctx);
+    // Each row's blocks, as many as its context needs, from the pool in random order (2 spare).
+    c->nb = 2;
+    for (int s = 0; s < S; s++) c->nb += (c->lens[s] + bs - 1) / bs;
+    c->cache_n = (size_t)c->nb * bs * kvrow;
+    int32_t *perm = mv_xmalloc(sizeof(int32_t) * c->nb);
+    for (int i = 0; i < c->nb; i++) perm[i] = i;
+    for (int i = c->nb - 1; i > 0; i--) {
+        const int j = rng_int(rng, 0, i);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0, next = 0; s < S; s++) {
+        for (int b = 0; b < c->mb; b++)
+            c->tables[(size_t)s * c->mb + b] = b < (c->lens[s] + bs - 1) / bs ? perm[next++] : 0;
+        const int j = c->lens[s] - 1;  // the new token's position and slot
+        c->pos[s] = s >= c->real ? 0 : j;
+        c->slots[s] = s >= c->real ? -1 : c->tables[(size_t)s * c->mb + j / bs] * bs + j % bs;
+    }
+    MV_CHECK(kv_store_validate_slots(c->slots, S, (long long)c->nb * bs));
+    c->h_qkv = mv_xmalloc(c->qkv_n * 2);
+    c->h_w = mv_xmalloc((size_t)2 * D * 2);
+    fill_normal_bf16(rng, c->h_qkv, c->qkv_n, 0.0f, 1.0f);
+    fill_uniform_bf16(rng, c->h_w, (size_t)2 * D, 0.5f, 1.5f);
+    if (!big) {
+        c->h_kc = mv_xmalloc(c->cache_n * 2);
+        c->h_vc = mv_xmalloc(c->cache_n * 2);
+        fill_normal_bf16(rng, c->h_kc, c->cache_n, 0.0f, 1.0f);
+        fill_normal_bf16(rng, c->h_vc, c->cache_n, 0.0f, 1.0f);
+        for (int s = 0; s < c->real; s++)  // the new keys' slots: poison, until a kernel stores them
+            for (size_t e = 0; e < kvrow; e++)
+                c->h_kc[(size_t)c->slots[s] * kvrow + e] = c->h_vc[(size_t)c->slots[s] * kvrow + e] = POISON_BF16;
+    }
+    rope_config_t cfg = {D, max_ctx + 16, 1e6, ROPE_SCALING_NONE, 0, 0, 0, 0};
+    MV_CHECK(rope_cache_build(&c->cache, &cfg));
+    MV_CHECK(rope_cache_upload(&c->d_cache, &c->cache));
+    c->w = gpu_alloc((size_t)2 * D * 2);
+    gpu_upload(c->w, c->h_w, (size_t)2 * D * 2);
+    const size_t pat = (size_t)4 << 20;  // big: 4 Mi bf16 of N(0, 1), repeated
+    bf16_t *hp = big ? mv_xmalloc(pat * 2) : NULL;
+    if (big) fill_normal_bf16(rng, hp, pat, 0.0f, 1.0f);
+    for (int i = 0; i < 2; i++) {
+        c->qkv[i] = gpu_alloc(c->qkv_n * 2);
+        c->kc[i] = gpu_alloc(c->cache_n * 2);
+        c->vc[i] = gpu_alloc(c->cache_n * 2);
+        c->out[i] = gpu_alloc((size_t)S * H * D * 2);
+        for (size_t off = 0; big && off < c->cache_n; off += pat) {
+            const size_t len = c->cache_n - off < pat ? c->cache_n - off : pat;
+            gpu_upload(c->kc[i] + off, hp, len * 2);
+            gpu_upload(c->vc[i] + off, hp + (pat - len), len * 2);
+        }
+    }
+    free(hp);
+    c->d_lens = upload_i32(c->lens, (size_t)S);
+    c->d_tables = upload_i32(c->tables, (size_t)S * c->mb);
+    c->d_pos = upload_i32(c->pos, (size_t)S);
+    c->d_slots = upload_i32(c->slots, (size_t)S);
+    c->ws_bytes = attention_decode_workspace_bytes(S, H, D, ATTN_DECODE_MAX_SPLITS);
+    c->ws = gpu_alloc(c->ws_bytes ? c->ws_bytes : 16);
+    free(perm);
+}
+
+static void rcase_free(rcase_t *c) {
+    for (int i = 0; i < 2; i++) gpu_free(c->qkv[i]), gpu_free(c->kc[i]), gpu_free(c->vc[i]), gpu_free(c->out[i]);
+    gpu_free(c->w); gpu_free(c->d_lens); gpu_free(c->d_tables); gpu_free(c->d_pos); gpu_free(c->d_slots);
+    gpu_free(c->ws);
+    rope_cache_gpu_free(&c->d_cache);
+    rope_cache_free(&c->cache);
+    free(c->lens); free(c->tables); free(c->pos); free(c->slots);
+    free(c->h_qkv); free(c->h_kc); free(c->h_vc); free(c->h_w);
+}
+
+// Set i's buffers back to the step's start (raw QKV, the caches, output poisoned).
+static void rcase_reset(const rcase_t *c, int i) {
+    gpu_upload(c->qkv[i], c->h_qkv, c->qkv_n * 2);
+    if (c->h_kc) gpu_upload(c->kc[i], c->h_kc, c->cache_n * 2);
+    if (c->h_vc) gpu_upload(c->vc[i], c->h_vc, c->cache_n * 2);
+    gpu_poison(c->out[i], (size_t)c->S * c->H * c->D * 2);
+}
+
+typedef struct {
+    const rcase_t *c;
+    int which, version, splits, max_ctx_arg;  // which 0: the two kernels, 1: attention_decode_rope_cuda
+} rrun_t;
+
+static int run_rope(void *p, cudaStream_t stream) {
+    const rrun_t *r = p;
+    const rcase_t *c = r->c;
+    const int i = r->which;
+    const float scale = (float)(1.0 / sqrt((double)c->D));
+    const attention_decode_rope_t rope = {c->w, c->w + c->D, c->d_pos, &c->d_cache, c->d_slots, 1e-6f};
+    if (i == 1)
+        return attention_decode_rope_cuda(r->version, r->splits, c->out[1], c->qkv[1], &rope, c->kc[1], c->vc[1],
+                                          c->d_lens, c->d_tables, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs,
+                                          c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
+    return qk_norm_rope_store_cuda(c->qkv[0], c->w, c->w + c->D, c->d_pos, &c->d_cache, c->kc[0], c->vc[0],
+                                   c->d_slots, c->S, c->H, c->Hkv, c->D, 1e-6f, c->bs, c->nb, stream) ||
+           attention_decode_cuda(r->version, r->splits, c->out[0], c->qkv[0], c->qkv_stride, c->kc[0], c->vc[0],
+                                 c->d_lens, c->d_tables, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs, c->nb,
+                                 c->mb, scale, c->ws, c->ws_bytes, stream);
+}
+
+static int same_device_bytes(const void *a, const void *b, size_t n) {
+    unsigned char *x = mv_xmalloc(n), *y = mv_xmalloc(n);
+    gpu_download(x, a, n);
+    gpu_download(y, b, n);
+    const int same = !memcmp(x, y, n);
+    free(x);
+    free(y);
+    return same;
+}
+
+// Every version, unsplit, in 3 pieces, automatic, and with a graph's bound:
+// the one kernel against the two (output, K cache, V cache bit for bit),
+// PDL off and on; then the one kernel's output against the CPU reference
+// on the queries the two kernels normed and the caches the one kernel left.
+static void check_decode_rope(harness_t *h, rng_t *rng, int S, int H, int Hkv, int D, int bs, int min_ctx,
+                              int max_ctx) {
+    rcase_t c;
+    rcase_make(&c, rng, S, H, Hkv, D, bs, min_ctx, max_ctx, 0);
+    const attention_decode_rope_t rope = {c.w, c.w + D, c.d_pos, &c.d_cache, c.d_slots, 1e-6f};
+    char shape[160], what[320], detail[320];
+    const size_t out_bytes = (size_t)S * H * D * 2;
+    for (int v = 2; v <= ATTN_DECODE_NUM_VERSIONS; v++) {
+        if (!harness_kernel_wanted(h, v)) continue;
+        const int one = attention_decode_rope_fused(v, c.qkv[1], &rope, c.kc[1], c.vc[1], H, Hkv, D);
+        snprintf(shape, sizeof shape, "S=%d (%d padded) ctx %d..%d H=%d/%d D=%d bs=%d (%s)", S, S - c.real,
+                 S > 1 ? min_ctx : 1, max_ctx, H, Hkv, D, bs, one ? "one kernel" : "two kernels");
+        const int splits[4] = {1, 3, 0, 3}, bound[4] = {max_ctx, max_ctx, max_ctx, max_ctx + 1000};
+        for (int k = 0; k < 4; k++) {
+            for (int pdl = 0; pdl <= (k == 2 ? mv_pdl_supported() : 0); pdl++) {
+                rrun_t r[2] = {{&c, 0, v, splits[k], bound[k]}, {&c, 1, v, splits[k], bound[k]}};
+                rcase_reset(&c, 0);
+                rcase_reset(&c, 1);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                if (pdl) MV_CHECK(mv_pdl_set(1));
+                const int rc = run_rope(&r[0], 0) || run_rope(&r[1], 0);
+                if (pdl) MV_CHECK(mv_pdl_set(0));
+                snprintf(what, sizeof what, "decode+rope %s splits=%d%s%s: the bits of qk_norm_rope_store + %s",
+                         attention_decode_version_name(v), splits[k], splits[k] == 0 ? "(auto)" : "",
+                         bound[k] > max_ctx ? " max_ctx=longest+1000 (bound)" : pdl ? ", PDL" : "",
+                         attention_decode_version_name(v));
+                if (rc) {
+                    snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
+                    harness_check_bool(h, "gpu", "decode+rope", what, 0, detail);
+                    continue;
+                }
+                CUDA_CHECK(cudaDeviceSynchronize());
+                const int so = same_device_bytes(c.out[0], c.out[1], out_bytes);
+                const int sk = same_device_bytes(c.kc[0], c.kc[1], c.cache_n * 2);
+                const int sv = same_device_bytes(c.vc[0], c.vc[1], c.cache_n * 2);
+                snprintf(detail, sizeof detail, "%s: output %s, K cache %s, V cache %s", shape,
+                         so ? "identical" : "DIFFERS", sk ? "identical" : "DIFFERS", sv ? "identical" : "DIFFERS");
+                harness_check_bool(h, "gpu", "decode+rope", what, so && sk && sv, detail);
+            }
+        }
+    }
+    // Against the CPU (the last run left both sides' buffers): the real rows'
+    // queries as the two kernels normed and rotated them (chapter 05 checks
+    // those), the caches the one kernel stored into.
+    if (harness_kernel_wanted(h, ATTN_DECODE_FAST)) {
+        rrun_t r = {&c, 0, ATTN_DECODE_FAST, 0, max_ctx};
+        rcase_reset(&c, 0);
+        rcase_reset(&c, 1);
+        MV_CHECK(run_rope(&r, 0));
+        r.which = 1;
+        MV_CHECK(run_rope(&r, 0));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const size_t qrow = (size_t)H * D, n_out = (size_t)c.real * qrow;
+        bf16_t *qkv = mv_xmalloc(c.qkv_n * 2), *kc = mv_xmalloc(c.cache_n * 2), *vc = mv_xmalloc(c.cache_n * 2);
+        bf16_t *got = mv_xmalloc(out_bytes);
+        gpu_download(qkv, c.qkv[0], c.qkv_n * 2);
+        gpu_download(kc, c.kc[1], c.cache_n * 2);
+        gpu_download(vc, c.vc[1], c.cache_n * 2);
+        gpu_download(got, c.out[1], out_bytes);
+        float *q = mv_xmalloc(sizeof(float) * (n_out ? n_out : 1)), *fk = mv_xmalloc(sizeof(float) * c.cache_n);
+        float *fv = mv_xmalloc(sizeof(float) * c.cache_n), *ref = mv_xmalloc(sizeof(float) * (n_out ? n_out : 1));
+        for (int s = 0; s < c.real; s++) bf16_to_float_array(q + s * qrow, qkv + (size_t)s * c.qkv_stride, qrow);
+        bf16_to_float_array(fk, kc, c.cache_n);
+        bf16_to_float_array(fv, vc, c.cache_n);
+        MV_CHECK(attention_decode_cpu(ref, q, fk, fv, c.lens, c.tables, c.real, H, Hkv, D, bs, c.nb, c.mb,
+                                      (float)(1.0 / sqrt((double)D)), 0));
+        snprintf(what, sizeof what, "decode+rope %s: the one kernel against the CPU reference",
+                 attention_decode_version_name(ATTN_DECODE_FAST));
+        harness_check(h, "gpu", "decode+rope", what, shape, compare_bf16(what, got, ref, n_out, TOL_GPU, 0), TOL_GPU);
+        free(qkv); free(kc); free(vc); free(got); free(q); free(fk); free(fv); free(ref);
+    }
+    rcase_free(&c);
+}
+
+// Timing at Qwen3-0.6B's heads: the two kernels against the one, as a
+// decode graph launches them (version ATTN_DECODE_FAST, automatic pieces,
+// the bound 4096). Bytes: the K and V the rows read, plus the QKV rows'
+// q and k read and (two kernels) written, k and v stored.
+static void time_decode_rope(harness_t *h, rng_t *rng, int S, int min_ctx, int max_ctx) {
+    const int H = 16, Hkv = 8, D = 128, bs = 16;
+    rcase_t c;
+    rcase_make(&c, rng, S, H, Hkv, D, bs, min_ctx, max_ctx, 1);
+    long long keys = 0;
+    for (int s = 0; s < S; s++) keys += c.lens[s];
+    const double bytes = (double)keys * Hkv * D * 2.0 * 2.0;
+    char case_name[48], shape[128];
+    snprintf(case_name, sizeof case_name, "decode+rope %dx%d-%d", S, min_ctx, max_ctx);
+    snprintf(shape, sizeof shape, "S=%d ctx=U[%d,%d] (sum %lld) H=%d/%d D=%d bs=%d bound 4096", S, min_ctx, max_ctx,
+             keys, H, Hkv, D, bs);
+    const int bound = max_ctx > 4096 ? max_ctx : 4096;
+    timing_opts_t opts = {5, h->quick ? 10 : 50, 1};
+    for (int i = 0; i < 2; i++) {
+        rcase_reset(&c, i);
+        rrun_t r = {&c, i, ATTN_DECODE_FAST, 0, bound};
+        harness_timing(h, case_name, i ? "attention_decode_rope (one kernel)" : "qk_norm_rope_store + decode",
+                       shape, gpu_time_ms(run_rope, &r, opts), bytes, 0, 0);
+    }
+    rcase_free(&c);
+}
+
 // Causal pairs (query, key it sees) of S sequences of n new tokens over ctx
 // keys: query i sees ctx - n + i + 1 keys.
 static double causal_pairs(int S, int n, int ctx) { return (double)S * ((double)n * (ctx - n) + 0.5 * n * (n + 1.0)); }
@@ -754,6 +1010,18 @@ int main(int argc, char **argv) {
         check_gpu_long(&h, &rng, 64, 8, 2, 64, h.checks_only);
         harness_section(&h, "CUDA launchers: bad arguments are refused with a message");
         check_gpu_rejections(&h);
+        harness_section(&h, "Decode with q/k norm, RoPE and the KV store (attention_decode_rope_cuda) against "
+                            "qk_norm_rope_store + decode, bit for bit, and the CPU reference");
+        // {S, H, Hkv, D, bs, min_ctx, max_ctx}: Qwen3-0.6B's heads, the tiny
+        // checkpoints' head_dim 64, GQA 1 and 8, a group of 3 (two kernels:
+        // one CTA does not cover a kv head), long rows in many pieces.
+        static const struct { int S, H, Hkv, D, bs, lo, hi; } rc[] = {
+            {1, 16, 8, 128, 16, 1, 1},   {2, 16, 8, 128, 16, 2, 40},  {9, 16, 8, 128, 16, 2, 300},
+            {9, 4, 2, 64, 32, 2, 200},   {5, 4, 4, 128, 16, 2, 100},  {5, 8, 1, 64, 64, 2, 130},
+            {5, 6, 2, 64, 16, 2, 90},    {4, 16, 8, 128, 256, 900, 1500},
+        };
+        for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++)
+            check_decode_rope(&h, &rng, rc[i].S, rc[i].H, rc[i].Hkv, rc[i].D, rc[i].bs, rc[i].lo, rc[i].hi);
         if (h.do_timing) {
             harness_section(&h, "Decode at Qwen3-0.6B's heads (16 q, 8 kv, D 128): GB/s of K and V read");
             time_decode(&h, &rng, 256, 1024, 0, 75.0);
@@ -766,6 +1034,11 @@ int main(int argc, char **argv) {
             // row's block against the batch's total.
             time_decode(&h, &rng, 256, 2048, 100, 0);
             time_decode(&h, &rng, 64, 2048, 100, 0);
+            harness_section(&h, "Decode with q/k norm, RoPE and the store in its pieces, against the two kernels "
+                                "(Qwen3-0.6B's heads, version 4 as a decode graph launches it)");
+            time_decode_rope(&h, &rng, 256, 100, 2048);
+            time_decode_rope(&h, &rng, 64, 100, 2048);
+            time_decode_rope(&h, &rng, 8, 100, 2048);
             harness_section(&h, "Prefill, causal, Qwen3-0.6B's heads: TFLOP/s of 4*D*H*(causal pairs)");
             time_prefill(&h, &rng, 16, 1024, 3);
             time_prefill(&h, &rng, 1, 8192, 1);

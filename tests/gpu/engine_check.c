@@ -31,7 +31,9 @@
  * 1b. CUDA graphs against eager launches (graphs on only): every request of
  *    each checkpoint, greedy and then sampled, once with graphs and once
  *    with --enforce-eager: the tokens and every step's logits must be
- *    bit-identical (a 64-bit hash per row).
+ *    bit-identical (a 64-bit hash per row). Again with MV_DECODE_ROPE=1:
+ *    the graphs' q/k norm, RoPE and KV store inside decode attention
+ *    (attention_decode_rope_cuda) against eager's two kernels.
  * 2. The GPU sampler (kernels/sampling.h), every version (1: bisection,
  *    2: shortlists, the engine's), against its CPU reference
  *    (reference/sampling.h, sample_tokens_cpu) on the same logits: the
@@ -776,6 +778,20 @@ static void check_halves(const char *dir, const golden_t *g) {
     else unsetenv("MV_DECODE_HALVES");
 }
 
+// ---- q/k norm + RoPE + the KV store inside decode attention (MV_DECODE_ROPE=1) ----------
+// The unfused decode graphs with attention_decode_rope_cuda in place of
+// qk_norm_rope_store_cuda and decode attention: graphs against eager (which
+// runs the two kernels) must give the same bits.
+static void check_decode_rope(const char *dir, const golden_t *g) {
+    const char *was = getenv("MV_DECODE_ROPE");
+    char saved[8] = "";
+    if (was) snprintf(saved, sizeof saved, "%s", was);
+    setenv("MV_DECODE_ROPE", "1", 1);
+    check_graphs_vs_eager(dir, g, ", q/k norm + RoPE + KV store inside decode attention (MV_DECODE_ROPE=1)");
+    if (was) setenv("MV_DECODE_ROPE", saved, 1);
+    else unsetenv("MV_DECODE_ROPE");
+}
+
 static void check_goldens(runner_device_t dev) {
     const run_cfg_t runs[] = {
         {"alone", 4, 256, 0, 0, 1, 0, 0},
@@ -814,6 +830,7 @@ static void check_goldens(runner_device_t dev) {
         }
         run_logits(MODELS[m], dev, g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g, "");
+        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_decode_rope(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA) check_async(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA) check_halves(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel(MODELS[m], g, 0);

@@ -256,6 +256,11 @@ typedef struct {
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
+    // MV_DECODE_ROPE=1: the unfused decode graphs take q/k norm + RoPE and
+    // the KV store inside decode attention's pieces (attention_decode_rope_cuda,
+    // one launch a layer fewer, the same bits); 0 (the default): a kernel of
+    // their own. Eager steps and mixed steps always run the kernel of their own.
+    int decode_rope;
     // 1 when the step runs the tensor-parallel path: its NCCL communicator,
     // the collectives and the vocab-parallel LM head. tp > 1, or tp = 1 with
     // MV_TP_COMM_OF_ONE=1 (a communicator of one rank, whose collectives copy:
@@ -687,6 +692,9 @@ static const struct {
      "default)"},
     {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
     {"MV_SAMPLER", "1234", "1 to 4 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
+    {"MV_DECODE_ROPE", "01",
+     "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own, the default) or 1 (inside decode "
+     "attention's pieces)"},
 };
 
 // The experiment switches above and MV_MEGAKERNEL_GATES
@@ -775,6 +783,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
+    s->decode_rope = getenv("MV_DECODE_ROPE") && !strcmp(getenv("MV_DECODE_ROPE"), "1");
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
     s->upload_arrays = getenv("MV_PACKED_UPLOAD") && !strcmp(getenv("MV_PACKED_UPLOAD"), "0");
     s->mk_embed = !(getenv("MV_MEGAKERNEL_EMBED") && !strcmp(getenv("MV_MEGAKERNEL_EMBED"), "0"));
@@ -1106,7 +1115,15 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // two kernels (kernels/rope.h); unless MV_FUSED_ROPE_STORE=0.
     const int merged = k_col == nq * hd && v_col == (nq + nkv) * hd && qkv_n == (nq + 2 * nkv) * hd;
     if (linear_cuda(cb, qkv_out, hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st)) return -1;
-    if (merged && s->fused_rope_store) {
+    // A graphed decode step (every row one token) with MV_DECODE_ROPE=1:
+    // q/k norm, RoPE and the store inside decode attention's pieces, below.
+    const attention_decode_rope_t rope = {cl->d_q_norm, cl->d_k_norm, positions, &s->rope, slots, eps};
+    const int rope_in_attn = s->decode_rope && s->fast_decode && T == S && merged &&
+                             attention_decode_rope_fused(decode_attention_version(), qkv_out, &rope, cl->d_k_cache,
+                                                         cl->d_v_cache, nq, nkv, hd);
+    if (rope_in_attn) {
+        // nothing here: attention_decode_rope_cuda below
+    } else if (merged && s->fused_rope_store) {
         if (qk_norm_rope_store_cuda(qkv_out, cl->d_q_norm, cl->d_k_norm, positions, &s->rope, cl->d_k_cache,
                                     cl->d_v_cache, slots, T, nq, nkv, hd, eps, bs, nb, st))
             return -1;
@@ -1125,9 +1142,14 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // arrays (cu_seqlens_q holds absolute token offsets: only the whole
     // step, row0 0, has prompts).
     const int Sd = T == S ? S : s->split_mixed ? decode_rows : 0;
-    int rca = Sd > 0 && attention_decode_cuda(decode_attention_version(), 0, attn, qkv_out, qkv_n, cl->d_k_cache,
-                                              cl->d_v_cache, ctx, tables, Sd, max_context_len, nq, nkv, hd, bs, nb,
-                                              s->max_blocks, scale, p->attn_ws, p->attn_ws_bytes, st);
+    int rca = Sd > 0 && (rope_in_attn ? attention_decode_rope_cuda(decode_attention_version(), 0, attn, qkv_out, &rope,
+                                                                   cl->d_k_cache, cl->d_v_cache, ctx, tables, Sd,
+                                                                   max_context_len, nq, nkv, hd, bs, nb, s->max_blocks,
+                                                                   scale, p->attn_ws, p->attn_ws_bytes, st)
+                                      : attention_decode_cuda(decode_attention_version(), 0, attn, qkv_out, qkv_n,
+                                                              cl->d_k_cache, cl->d_v_cache, ctx, tables, Sd,
+                                                              max_context_len, nq, nkv, hd, bs, nb, s->max_blocks,
+                                                              scale, p->attn_ws, p->attn_ws_bytes, st));
     if (!rca && Sd < S)
         rca = p->row0 != 0 ? mv_error("a part of a step from row %d holds prompts", p->row0)
                            : attention_prefill_cuda(ATTN_PREFILL_FAST, attn, qkv_out, qkv_n, cl->d_k_cache,
