@@ -37,12 +37,18 @@
  *      than the row), decode unsplit, in 3 pieces (some start past a short
  *      sequence's end), in the automatic number, and told an upper bound of
  *      max_context_len; long sequences (1100 tokens, a chunk after a 1200-token
- *      prefix, up to 64 decode pieces); the launchers' refusals.
+ *      prefix, up to 64 decode pieces); the launchers' refusals; decode with
+ *      q/k norm, RoPE and the KV store in its pieces (attention_decode_rope_cuda)
+ *      against qk_norm_rope_store_cuda + decode, bit for bit (output and both
+ *      caches, every version, PDL off and on, padding rows, a group that falls
+ *      back to the two kernels), and against the CPU reference.
  *   5. Timing at Qwen3-0.6B's heads: decode 256 x 1024 (target: 75% of the
  *      measured copy bandwidth, counting the K and V bytes), 1 x 1024,
  *      1 x 16384 (split against unsplit), 64 x 4096, and batches of mixed
  *      lengths (256 and 64 rows of U[100, 2048] keys: version 4's pieces
- *      against the longest row's one block); causal prefill 16 x 1024,
+ *      against the longest row's one block), and decode with q/k norm, RoPE
+ *      and the store in one kernel against the two (8, 64, 256 rows of
+ *      U[100, 2048] keys); causal prefill 16 x 1024,
  *      1 x 8192, 64 x 256 in TFLOP/s against the measured GEMM rate. At these
  *      sizes every flash version (2, 3) is checked against version 1 first.
  *
