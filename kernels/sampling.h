@@ -51,19 +51,18 @@
  *      to version 1's bisection in the same kernel. Static shared memory (16.6 KB), no
  *      allocation: safe to capture in a CUDA graph. Costs and predicted
  *      times: kernels/sampling.cu.
- *   3  SAMPLING_FAST, the engine's: version 2, except that a greedy row
+ *   3  version 2, except that a greedy row
  *      (temperature 0) is cut into up to 32 slices, one block each, when
  *      there are few rows (2 x SMs / rows slices), and the last block of
  *      the row to finish combines their argmaxes (largest pack, count of
  *      finite logits, +inf seen): one row's read spread over 32 SMs instead
  *      of one. Needs a workspace (sample_tokens_ws_bytes), zeroed once when
  *      allocated; each launch leaves it zeroed again. Same ids as 1 and 2.
- *   4  version 3 reading the LM head's bf16 logits (sample_tokens_bf16_cuda),
- *      widened in registers, so that the engine need not widen every row
- *      into an fp32 copy first (at 256 rows: 78 MB read instead of 78 read
- *      + 156 written + 156 read). The engine runs it with MV_SAMPLER=4; it
- *      is not its default until it is measured (docs/09-engine.md,
- *      section 5). A row
+ *   4  SAMPLING_FAST, the engine's: version 3 reading the LM head's bf16
+ *      logits (sample_tokens_bf16_cuda), widened in registers, so that the
+ *      engine need not widen every row into an fp32 copy first (at 256
+ *      rows: 78 MB read instead of 78 read + 156 written + 156 read;
+ *      measured in docs/09-engine.md, section 5). A row
  *      with an option on (kernels/sampling_opts.h) reads the fp32 row that
  *      sampling_prepare_bf16_cuda widened and changed. Widening is exact,
  *      so its ids are version 3's on the widened logits.
@@ -85,7 +84,7 @@ extern "C" {
 #endif
 
 #define SAMPLING_NUM_VERSIONS 4
-#define SAMPLING_FAST 3  // the version the engine uses
+#define SAMPLING_FAST 4  // the version the engine uses
 
 const char *sampling_version_name(int version);
 

@@ -1192,7 +1192,7 @@ def render_sampler_v3():
             "after its ids are copied down, the mean over every graphed decode step of the run (its warm-up and "
             "three repetitions). Output tok/s (median of 3), TPOT and GPU us a step, round 1 / round 2:", "",
             "| sampler | output tok/s | TPOT ms | GPU us a step |", "| --- | ---: | ---: | ---: |"]
-    names = {1: "version 1 (bisection)", 2: "version 2 (shortlist)", 3: "version 3 (greedy rows split, the default)"}
+    names = {1: "version 1 (bisection)", 2: "version 2 (shortlist)", 3: "version 3 (greedy rows split, the default then)"}
     for v in (1, 2, 3):
         tok = " / ".join(f"{runs[v, r]['output_tok_s']:,.0f}" for r in (1, 2))
         tpot = " / ".join(f"{runs[v, r]['tpot_ms']['p50']:.3f}" for r in (1, 2))
@@ -1594,6 +1594,155 @@ def render_gemv32_ab():
     for b in sorted(by["cublas-h0", 1]):
         cu, v3, de = ([by[k, r][b] for r in (1, 2)] for k in ("cublas-h0", "v3-h0", "cublas"))
         out.append(f"| {b} | {cell(cu)} | {cell(v3)} | {100 * mean(v3) / mean(cu):.1f}% | {cell(de)} |")
+    return "\n".join(out) + "\n"
+
+
+RUN112_TXT = os.path.join(HERE, "09-engine-run112.txt")
+SAMPLER4_LINE = re.compile(r"^sampler timing (\d+) rows x (\d+), (.+?): v1-bisect .*?v3-split-greedy ([\d.]+) ms "
+                           r"\(([\d.]+)-([\d.]+)\), v4-bf16 ([\d.]+) ms \(([\d.]+)-([\d.]+)\), median of (\d+)")
+RUN112_TOOL = re.compile(r"^(memcheck options|racecheck|ch07 memcheck|ch07 racecheck) rc=(\d+) =+ ((?:ERROR|RACECHECK) "
+                         r"SUMMARY: .*?)(?: \(\d+ s\)$| 07-attention|$)")
+
+
+def run112_section(title):
+    """The lines of docs/results/09-engine-run112.txt's section whose heading starts with '## ' + title."""
+    if not os.path.exists(RUN112_TXT):
+        return []
+    lines = open(RUN112_TXT).read().splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith("## " + title)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start + 1:end]
+
+
+def run112_tools():
+    """compute-sanitizer's verdicts in runs 112 and 113: {what: (exit status, summary)}."""
+    out = {}
+    for title in ("Run 112: the script", "Run 113:"):
+        for m in map(RUN112_TOOL.match, run112_section(title)):
+            if m:
+                out[m.group(1)] = (int(m.group(2)), m.group(3).strip())
+    return out
+
+
+def tok_cell(xs):
+    return " / ".join(f"{x['output_tok_s']:,.0f}" for x in xs)
+
+
+def lat_cell(xs, b):
+    rows = [{y["batch"]: y for y in x["batches"]}[b] for x in xs]
+    return " / ".join(f"{y['output_tok_s']['median']:,.0f} ({y['tpot_ms']['p50']:.3f} ms)" for y in rows)
+
+
+def lat_mean(xs, b):
+    return sum({y["batch"]: y for y in x["batches"]}[b]["output_tok_s"]["median"] for x in xs) / len(xs)
+
+
+def render_sampler_v4():
+    """Sampler version 4 against version 3: engine_check's timing lines (run 112, MV_SAMPLER=4) and the engine with
+    each, alternated (run 113: json/09-engine.r113-*.json)."""
+    timing = [m.groups() for m in map(SAMPLER4_LINE.match,
+                                      run112_section("Run 112: build/engine_check --device cuda with MV_SAMPLER=4")) if m]
+    wl = {(v, r): load(f"09-engine.r113-wl-s{v}-greedy-r{r}.json") for v in (3, 4) for r in (1, 2, 3)}
+    lat = {v: load(f"09-engine.r113-lat-s{v}.json") for v in (3, 4)}
+    if not timing or not all(wl.values()) or not all(lat.values()):
+        return None
+    d = wl[4, 1]
+    out = [f"From the `sampler timing` lines of `build/engine_check` on **{d['gpu']}** (run 112, commit {d['commit']}, "
+           f"`docs/results/09-engine-run112.txt`; rows of N(0, 3) logits that are bf16 values, the L2 cache flushed "
+           f"before each timed launch), in ms, median (min-max). Version 3 reads the fp32 rows, which the engine must "
+           f"first widen from the LM head's bf16 (not in these times); version 4 reads the bf16 rows:", "",
+           "| rows x vocabulary | sampling | version 3 | version 4 | v3 / v4 |", "| --- | --- | ---: | ---: | ---: |"]
+    for R, V, label, a, a0, a1, b, b0, b1, reps in sorted(timing, key=lambda t: -int(t[0])):
+        out.append(f"| {R} x {int(V):,} (median of {reps}) | {SAMPLER_LABELS.get(label, label)} | {a} ({a0}-{a1}) | "
+                   f"{b} ({b0}-{b1}) | {float(a) / float(b):.2f} |")
+    w3, w4 = [wl[3, r] for r in (1, 2, 3)], [wl[4, r] for r in (1, 2, 3)]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out += ["", f"The engine with each version (run 113, the same binaries and machine, `MV_SAMPLER=3|4` alternated): "
+            f"nano-vllm's workload greedy (`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape "
+            f"--device cuda --input W --sampling greedy --repeat 1`, three rounds) and the latency mode at 1, 64 and "
+            f"256 rows (512 + 256, `--repeat 2`). Output tok/s (latency: and the median time per output token):", "",
+            "| run | version 3 | version 4 | v4 / v3 |", "| --- | ---: | ---: | ---: |",
+            f"| workload, greedy, rounds 1 / 2 / 3 | {tok_cell(w3)} | {tok_cell(w4)} | {100 * mean(w4) / mean(w3):.1f}% |"]
+    for b in (1, 64, 256):
+        out.append(f"| latency, {b} row{'s' if b > 1 else ''} | {lat_cell([lat[3]], b)} | {lat_cell([lat[4]], b)} | "
+                   f"{100 * lat_mean([lat[4]], b) / lat_mean([lat[3]], b):.1f}% |")
+    return "\n".join(out) + "\n"
+
+
+def render_decode_rope_engine():
+    """MV_DECODE_ROPE (attention_decode_rope_cuda in the decode graphs): the latency mode at 4 to 32 rows with and
+    without it (run 114, json/09-engine.r114-*.json), and run 112's workload and latency runs
+    (json/09-engine.r112-*.json: base = both off, s4 = MV_SAMPLER=4, rope = MV_DECODE_ROPE=1, both = the two)."""
+    small = {(v, r): load(f"09-engine.r114-lat-rope{v}-r{r}.json") for v in (0, 1) for r in (1, 2)}
+    wl = {k: load(f"09-engine.r112-wl-{k}.json") for k in ("base-greedy-r1", "base-greedy-r2", "s4-greedy-r1",
+                                                            "rope-greedy-r1", "both-greedy-r1", "both-greedy-r2",
+                                                            "base-qwen3-r1", "both-qwen3-r1")}
+    lat = {k: load(f"09-engine.r112-lat-{k}-r1.json") for k in ("base", "both")}
+    if not all(small.values()) or not all(wl.values()) or not all(lat.values()):
+        return None
+    d = small[1, 1]
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda --latency --batch "
+           f"4,8,16,32 --prompt-len 512 --output-len 128 --repeat 2` on **{d['gpu']}**, {d['date'][:10]}, commit "
+           f"{d['commit']} (run 114, `MV_SAMPLER=4`), with `MV_DECODE_ROPE=0` and `=1` alternated, two rounds. Output "
+           f"tok/s (median of 2) and the median time per output token; the graph of 16 rows runs as two halves of 8 "
+           f"(section 4):", "",
+           "| rows | two kernels, round 1 / 2 | one kernel, round 1 / 2 | one / two |", "| ---: | ---: | ---: | ---: |"]
+    for b in (4, 8, 16, 32):
+        two, one = [small[0, r] for r in (1, 2)], [small[1, r] for r in (1, 2)]
+        out.append(f"| {b} | {lat_cell(two, b)} | {lat_cell(one, b)} | {100 * lat_mean(one, b) / lat_mean(two, b):.1f}% |")
+    g = wl["base-greedy-r1"]
+    out += ["", f"Run 112 (commit {g['commit']}, {g['gpu']}, one call): nano-vllm's workload (`--input W --repeat 1`) "
+            f"and the latency mode at 1, 64 and 256 rows (512 + 256, `--repeat 2`), with neither switch, with "
+            f"`MV_SAMPLER=4`, with `MV_DECODE_ROPE=1` (one kernel in every graph run whole) and with both. Output "
+            f"tok/s:", "",
+            "| run | neither | `MV_SAMPLER=4` | `MV_DECODE_ROPE=1` | both |", "| --- | ---: | ---: | ---: | ---: |",
+            f"| workload, greedy | {tok_cell([wl['base-greedy-r1'], wl['base-greedy-r2']])} | "
+            f"{tok_cell([wl['s4-greedy-r1']])} | {tok_cell([wl['rope-greedy-r1']])} | "
+            f"{tok_cell([wl['both-greedy-r1'], wl['both-greedy-r2']])} |",
+            f"| workload, Qwen3's default sampling | {tok_cell([wl['base-qwen3-r1']])} | | | "
+            f"{tok_cell([wl['both-qwen3-r1']])} |"]
+    for b in (1, 64, 256):
+        out.append(f"| latency, {b} row{'s' if b > 1 else ''} | {lat_cell([lat['base']], b)} | | | "
+                   f"{lat_cell([lat['both']], b)} |")
+    tools = run112_tools()
+    if "memcheck options" in tools and "racecheck" in tools:
+        out += ["", "compute-sanitizer in run 112 with both switches on (`MV_SAMPLER=4 MV_DECODE_ROPE=1`), over "
+                "`minivllm generate --model tests/data/tiny-qwen3-mha --device cuda --max-num-seqs 8`: memcheck on "
+                "`tests/gpu/options.jsonl` (every sampling option), racecheck on three short requests (greedy, "
+                "top-k/top-p, every option):", "", "| tool | exit status | summary |", "| --- | --- | --- |"]
+        for tool, name in (("memcheck options", "memcheck"), ("racecheck", "racecheck")):
+            out.append(f"| {name} | {tools[tool][0]} | {tools[tool][1]} |")
+    return "\n".join(out) + "\n"
+
+
+def render_decode_rope_ch07(d):
+    """Chapter 07's decode with its prologue (json/07-attention.rope-h100.json, run 112): the timings of the one
+    kernel against the two, its checks, and compute-sanitizer over chapter 07's version-4 checks (runs 112, 113)."""
+    t = [x for x in d["timings"] if x["case"].startswith("decode+rope")]
+    checks = [c for c in d["checks"] if c.get("case") == "decode+rope"]
+    tools = run112_tools()
+    if not t or not checks or "ch07 memcheck" not in tools or "ch07 racecheck" not in tools:
+        return None
+    by = {}
+    for x in t:
+        by.setdefault(x["case"], {})["one" if "one kernel" in x["version"] else "two"] = x
+    out = [f"`{d['command']}` on **{d['gpu']['name']}**, {d['date'][:10]} (run 112, binaries of commit 46eff56, "
+           f"`docs/results/09-engine-run112.txt`): {d['n_checks'] - d['n_failed']} of {d['n_checks']} checks passed, "
+           f"{sum(c['pass'] for c in checks)} of {len(checks)} of them on decode with its prologue (version 4: each "
+           f"case's five bit-for-bit comparisons and its CPU check). Times at Qwen3-0.6B's heads, version 4 as a "
+           f"decode graph launches it (bound 4,096 keys), GB/s of the K and V read:", "",
+           "| case (rows x keys) | qk_norm_rope_store + decode | one kernel | one / two |", "| --- | ---: | ---: | ---: |"]
+    for case in sorted(by, key=lambda c: -int(c.split()[1].split("x")[0])):
+        two, one = by[case]["two"], by[case]["one"]
+        out.append(f"| {case.split()[1]} | {two['ms'] * 1e3:.1f} us ({two['pct_copy']:.0f}% of copy) | "
+                   f"{one['ms'] * 1e3:.1f} us ({one['pct_copy']:.0f}%) | {one['ms'] / two['ms']:.2f} |")
+    out += ["", "compute-sanitizer over `./build/07-attention --checks-only --kernel 4 --summary` (memcheck in run 112, "
+            "racecheck in run 113, the same binary):", "", "| tool | exit status | summary |", "| --- | --- | --- |"]
+    for tool in ("ch07 memcheck", "ch07 racecheck"):
+        rc, summary = tools[tool]
+        out.append(f"| {tool.split()[1]} | {rc} | {summary} |")
     return "\n".join(out) + "\n"
 
 
@@ -2006,6 +2155,10 @@ def blocks():
                 out[f"{ch}:decode"] = (name, render_decode_versions(d))
             if ch == "07-attention.v5":
                 out[f"{ch}:decode"] = (name, render_decode_v5(d))
+            if ch == "07-attention.rope-h100":
+                rope = render_decode_rope_ch07(d)
+                if rope:
+                    out[f"{ch}:decode-rope"] = (name, rope)
             if ch == "06-kv-store.fused":
                 out[f"{ch}:fused"] = (name, render_fused_store(d))
             if "." not in ch:  # compute-sanitizer runs once per chapter, not per GPU count
@@ -2078,6 +2231,12 @@ def blocks():
     sweep = render_megakernel_sweep()
     if sweep:
         out["09-engine:megakernel-sweep"] = ("09-engine.mk1.sweep-4096-4-8.json", sweep)
+    sv4 = render_sampler_v4()
+    if sv4:
+        out["09-engine:sampler-v4"] = ("09-engine.r113-wl-s4-greedy-r1.json", sv4)
+    dre = render_decode_rope_engine()
+    if dre:
+        out["09-engine:decode-rope"] = ("09-engine.r114-lat-rope1-r1.json", dre)
     serving = render_serving()
     if serving:
         out["09-engine:serving"] = ("09-serving.rate-inf.json", serving)

@@ -36,7 +36,9 @@
  *     qk_norm_rope_store_cuda                   q, k heads normed and rotated in place, and
  *                                               k, v of the new tokens -> cache slots (one
  *                                               kernel; qk_norm_rope_cuda + store_kvcache_cuda
- *                                               with MV_FUSED_ROPE_STORE=0: the same bits)
+ *                                               with MV_FUSED_ROPE_STORE=0: the same bits;
+ *                                               decode graphs of up to DECODE_ROPE_MAX_ROWS
+ *                                               rows: inside attention_decode_rope_cuda)
  *     attention_decode_cuda  (T == S: every row one token; in a mixed step
  *       the leading rows of one token, the running decodes chapter 08 puts
  *       first) and attention_prefill_cuda (the rows after them: prompts)
@@ -46,14 +48,14 @@
  *   fused_add_rmsnorm_cuda                      final norm
  *   gather_last_tokens_cuda                     the N sampled rows' hidden states
  *   linear_cuda                                 logits [N, V] bf16 (LM head)
- *   bf16_to_f32_cuda                            logits fp32 (step_sample)
- *   sampling_prepare_cuda                       vLLM's other options on the rows that use
- *                                               them (penalties, min_tokens, min_p, logprobs)
- *   sample_tokens_ws_cuda                       N ids (step_sample), or, in step, the
- *                                               logits widened and copied to the host.
- *                                               MV_SAMPLER=4: sampling_prepare_bf16_cuda and
- *                                               sample_tokens_bf16_cuda on the bf16 logits,
- *                                               with no conversion of the rows without options
+ *   sampling_prepare_bf16_cuda                  vLLM's other options on the rows that use
+ *                                               them (penalties, min_tokens, min_p, logprobs),
+ *                                               each such row widened to fp32 first
+ *   sample_tokens_bf16_cuda                     N ids from the bf16 logits (step_sample), or,
+ *                                               in step, the logits widened and copied to the
+ *                                               host. MV_SAMPLER=1|2|3: bf16_to_f32_cuda on
+ *                                               every row, sampling_prepare_cuda and
+ *                                               sample_tokens_ws_cuda on fp32
  *   sampling_logprobs_finish_cuda               the sampled tokens' logprobs
  *
  * Decode steps (every row one new token) are CUDA graphs: captured at
@@ -126,6 +128,14 @@
 // (docs/09-engine.md, "Two halves of a step at once").
 #define DECODE_HALVES_MIN 16
 #define DECODE_HALVES_MAX 16
+// Decode graphs of up to DECODE_ROPE_MAX_ROWS rows (run whole, not as two
+// halves) take q/k norm, RoPE and the KV store inside decode attention
+// (attention_decode_rope_cuda), unless MV_DECODE_ROPE says otherwise
+// (cuda_state_t.decode_rope). Measured on Qwen3-0.6B's shapes on an H100:
+// 1.6% faster at 4 and 8 rows; at 16 rows (two halves of 8), 64 and the
+// workload's 100 to 256 rows 1 to 2% slower (docs/09-engine.md, "q/k norm,
+// RoPE and the KV store inside decode attention").
+#define DECODE_ROPE_MAX_ROWS 8
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9f
 #define DECODE_MAX_SIZES 64
 
@@ -256,10 +266,12 @@ typedef struct {
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
-    // MV_DECODE_ROPE=1: the unfused decode graphs take q/k norm + RoPE and
-    // the KV store inside decode attention's pieces (attention_decode_rope_cuda,
-    // one launch a layer fewer, the same bits); 0 (the default): a kernel of
-    // their own. Eager steps and mixed steps always run the kernel of their own.
+    // The unfused decode graphs of up to decode_rope rows take q/k norm +
+    // RoPE and the KV store inside decode attention's pieces
+    // (attention_decode_rope_cuda: one launch a layer fewer, the same bits);
+    // larger ones, eager steps and mixed steps run the kernel of their own.
+    // DECODE_ROPE_MAX_ROWS by default; MV_DECODE_ROPE=0: none, 1: every size
+    // (two halves of a step always run the kernel of their own).
     int decode_rope;
     // 1 when the step runs the tensor-parallel path: its NCCL communicator,
     // the collectives and the vocab-parallel LM head. tp > 1, or tp = 1 with
@@ -693,8 +705,8 @@ static const struct {
     {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
     {"MV_SAMPLER", "1234", "1 to 4 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
     {"MV_DECODE_ROPE", "01",
-     "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own, the default) or 1 (inside decode "
-     "attention's pieces)"},
+     "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
+     "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
 };
 
 // The experiment switches above and MV_MEGAKERNEL_GATES
@@ -783,7 +795,8 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
-    s->decode_rope = getenv("MV_DECODE_ROPE") && !strcmp(getenv("MV_DECODE_ROPE"), "1");
+    const char *dr = getenv("MV_DECODE_ROPE");
+    s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
     s->upload_arrays = getenv("MV_PACKED_UPLOAD") && !strcmp(getenv("MV_PACKED_UPLOAD"), "0");
     s->mk_embed = !(getenv("MV_MEGAKERNEL_EMBED") && !strcmp(getenv("MV_MEGAKERNEL_EMBED"), "0"));
@@ -1078,6 +1091,7 @@ typedef struct {
     int T, S;                 // its tokens and rows
     void *attn_ws;            // the split decode's partials of its rows
     size_t attn_ws_bytes;
+    int half;                 // 1: one of two halves of a decode step
 } rows_part_t;
 
 // One decoder layer over a part's T tokens (see the list at the top).
@@ -1115,10 +1129,12 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // two kernels (kernels/rope.h); unless MV_FUSED_ROPE_STORE=0.
     const int merged = k_col == nq * hd && v_col == (nq + nkv) * hd && qkv_n == (nq + 2 * nkv) * hd;
     if (linear_cuda(cb, qkv_out, hidden, cl->d_qkv, cl->d_qkv_bias, T, qkv_n, H, st)) return -1;
-    // A graphed decode step (every row one token) with MV_DECODE_ROPE=1:
-    // q/k norm, RoPE and the store inside decode attention's pieces, below.
+    // A graphed decode step (every row one token) of up to decode_rope rows,
+    // run whole: q/k norm, RoPE and the store inside decode attention's
+    // pieces, below. (The graph of 16 rows runs as two halves of 8, where
+    // the one kernel measured slower: docs/09-engine.md.)
     const attention_decode_rope_t rope = {cl->d_q_norm, cl->d_k_norm, positions, &s->rope, slots, eps};
-    const int rope_in_attn = s->decode_rope && s->fast_decode && T == S && merged &&
+    const int rope_in_attn = S <= s->decode_rope && !p->half && s->fast_decode && T == S && merged &&
                              attention_decode_rope_fused(decode_attention_version(), qkv_out, &rope, cl->d_k_cache,
                                                          cl->d_v_cache, nq, nkv, hd);
     if (rope_in_attn) {
@@ -1332,13 +1348,14 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     // chain on stream2, forked here (after the embedding) and joined before
     // the final norm. The kernel after a fork or a join is launched without
     // PDL: it waits for all of the other stream's work, not for one kernel.
-    rows_part_t parts[2] = {{s->stream, s->cublas, 0, T, S, s->d_attn_ws, s->attn_ws_bytes}};
+    rows_part_t parts[2] = {{s->stream, s->cublas, 0, T, S, s->d_attn_ws, s->attn_ws_bytes, 0}};
     int num_parts = 1;
     const int pdl = mv_pdl_enabled();
     if (s->halves_lo > 0 && !s->collectives && T == S && S >= s->halves_lo && S <= s->halves_hi) {
         const int h = S / 2;
         parts[0].T = parts[0].S = h;
-        parts[1] = (rows_part_t){s->stream2, s->cublas2, h, S - h, S - h, s->d_attn_ws2, s->attn_ws2_bytes};
+        parts[0].half = 1;
+        parts[1] = (rows_part_t){s->stream2, s->cublas2, h, S - h, S - h, s->d_attn_ws2, s->attn_ws2_bytes, 1};
         num_parts = 2;
         if (CUDA_TRY(cudaEventRecord(s->fork_ev, s->stream)) || CUDA_TRY(cudaStreamWaitEvent(s->stream2, s->fork_ev, 0)))
             return mv_error_prefix("forking a decode step of %d rows into two halves", S);
