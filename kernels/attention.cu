@@ -369,9 +369,19 @@ extern "C" int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d
                                           int block_size, int num_blocks, int max_blocks, float scale,
                                           void *d_workspace, size_t workspace_bytes, cudaStream_t stream) {
     const char *fn = "attention_decode_rope_cuda";
+    // The attention's own refusals first, so that a refused call writes
+    // nothing (the two kernels' path stores the keys before attention runs).
     if (!rope) return mv_error("%s: no q/k norm and RoPE arguments", fn);
-    if (num_heads < 1 || num_kv_heads < 1 || head_dim < 1)
-        return mv_error("%s: %d query heads, %d kv heads, head_dim %d", fn, num_heads, num_kv_heads, head_dim);
+    if (version < 1 || version > ATTN_DECODE_NUM_VERSIONS)
+        return mv_error("%s: unknown version %d (1..%d)", fn, version, ATTN_DECODE_NUM_VERSIONS);
+    if (check_heads(fn, num_seqs, num_heads, num_kv_heads, head_dim, scale) ||
+        check_block_size(fn, block_size, num_blocks, max_blocks))
+        return -1;
+    if (num_splits < 0 || num_splits > ATTN_DECODE_MAX_SPLITS || (version == 1 && num_splits > 1))
+        return mv_error("%s: num_splits %d outside 0..%d (version 1: 0 or 1)", fn, num_splits,
+                        version == 1 ? 1 : ATTN_DECODE_MAX_SPLITS);
+    if (num_seqs > 0 && d_k_cache && d_k_cache == d_v_cache)
+        return mv_error("%s: the K and V caches must be different buffers", fn);
     const long long qkv_stride = (long long)(num_heads + 2 * num_kv_heads) * head_dim;
     if (!attention_decode_rope_fused(version, d_qkv, rope, d_k_cache, d_v_cache, num_heads, num_kv_heads, head_dim))
         // The two kernels: the same bits (and q and k left normed in d_qkv).

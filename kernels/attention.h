@@ -158,7 +158,9 @@ int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16
 // kv_store_validate_slots: one out of range traps), positions must be below
 // the cache's max_position (else a trap). num_splits, the workspace and the
 // other arguments as attention_decode_cuda; versions 2 to 5 fuse, version 1
-// runs the two kernels. Checked by chapter 07 against the two kernels, bit
+// runs the two kernels. A refused call (no rope arguments, an unknown
+// version, heads, block size or pieces the kernels do not take, one buffer
+// for K and V) returns -1 with mv_error() before anything is written. Checked by chapter 07 against the two kernels, bit
 // for bit, and against the CPU reference.
 typedef struct {
     const bf16_t *q_norm_w, *k_norm_w;  // [head_dim] each

@@ -549,6 +549,30 @@ static void check_gpu_rejections(harness_t *h) {
                      attention_prefill_cuda(2, buf, buf, 2052, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
                                             sc, 0),
                      "16-byte");
+    // Decode with its prologue refuses before the two kernels' path could
+    // store anything: the attention's own refusals come first.
+    const rope_cache_gpu_t cache = {(float *)buf, 16, 128};
+    const attention_decode_rope_t rope = {buf, buf, ibuf, &cache, ibuf, 1e-6f};
+    expect_gpu_error(h, "decode+rope without its arguments",
+                     attention_decode_rope_cuda(4, 0, buf, buf, NULL, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                                                16, 4, 1, sc, NULL, 0, 0),
+                     "no q/k norm and RoPE arguments");
+    expect_gpu_error(h, "decode+rope version 7",
+                     attention_decode_rope_cuda(7, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                                                16, 4, 1, sc, NULL, 0, 0),
+                     "unknown version 7");
+    expect_gpu_error(h, "decode+rope block_size 8",
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                                                8, 4, 1, sc, NULL, 0, 0),
+                     "block_size 8 is not supported");
+    expect_gpu_error(h, "decode+rope 65 splits",
+                     attention_decode_rope_cuda(4, 65, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                                                16, 4, 1, sc, NULL, 0, 0),
+                     "num_splits 65 outside");
+    expect_gpu_error(h, "decode+rope one buffer for K and V",
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4,
+                                                1, sc, NULL, 0, 0),
+                     "different buffers");
     gpu_free(buf);
     gpu_free(ibuf);
 }
