@@ -326,8 +326,10 @@ static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out
                             d_workspace ? "" : " (NULL)");
         if (need > 0 && !mv_aligned(d_workspace, 16))
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
+        const int stages = version == 6 ? DEC_RING_STAGES : 0;
         if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, rope, stream))
+                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, stages, rope,
+                             stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());

@@ -73,6 +73,15 @@
  *              the same sums in the same order, so version 4's bits. The
  *              decode megakernel reduces its pieces this way; this version
  *              puts that code under chapter 07's check.
+ *   decode  6  version 4 with each block's keys and values through a ring
+ *              in shared memory: every thread copies its own vectors of the
+ *              next tile with cp.async while it computes the current one
+ *              (two stages of 32 KB at groups of 1 or 2), so loads stay in
+ *              flight during the math. The same vectors reach the same
+ *              registers in the same order: version 4's bits. The ring
+ *              leaves room for 3 blocks a SM, not 4; where the grid would fit
+ *              in one wave at 4 a SM but not at 3, it takes version 4's loads.
+ *              The engine's (ATTN_DECODE_FAST).
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H
@@ -90,8 +99,8 @@ extern "C" {
 
 #define ATTN_PREFILL_NUM_VERSIONS 3
 #define ATTN_PREFILL_FAST 3  // the version the engine uses
-#define ATTN_DECODE_NUM_VERSIONS 5
-#define ATTN_DECODE_FAST 4   // the version the engine uses
+#define ATTN_DECODE_NUM_VERSIONS 6
+#define ATTN_DECODE_FAST 6   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64
 
 const char *attention_prefill_version_name(int version);

@@ -1,7 +1,8 @@
 /*
- * kernels/attention_decode.cuh - version 2 of decode attention: one CTA per
- * (sequence, kv head, split), the whole GQA group of query heads at once,
- * 16-byte loads, split flash-decoding with a reduction kernel. Included by
+ * kernels/attention_decode.cuh - versions 2 to 6 of decode attention: one CTA
+ * per (sequence, kv head, split), the whole GQA group of query heads at once,
+ * 16-byte loads, split flash-decoding with a reduction kernel (version 6:
+ * the loads through a ring in shared memory, decode_piece_v2). Included by
  * attention.cu and, for its device code alone (MV_DECODE_DEVICE_ONLY), by
  * the decode megakernel; both include kernels/paged_kv.cuh first.
  *
@@ -137,15 +138,30 @@ __host__ __device__ constexpr int dec_piece_smem_floats() {
     return DEC_WARPS * (32 / (D / 8)) * G * (D + 2);
 }
 
+// Version 6's ring (STAGES > 0): each thread copies its own 2U vectors of
+// a tile (the K and V vectors it would load) into shared memory with
+// cp.async, STAGES - 1 tiles ahead of the tile it computes, and reads them
+// back from there. Bytes of one CTA's ring:
+template <int G, int STAGES>
+__host__ __device__ constexpr int dec_ring_bytes() {
+    return STAGES * 2 * dec_unroll(G) * DEC_THREADS * 16;
+}
+
 // One piece: the G query heads from h0 of kv head kvh (bx: the CTA's x
 // index in a grid of Hkv * groups_per_kv), sequence s, piece `split`, by
 // DEC_THREADS threads (tid: this one); sm holds dec_piece_smem_floats<D, G>()
 // floats. Every thread of the piece calls it (it holds one Sync::sync()).
-template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain>
+// STAGES 0: each tile's keys and values are loaded into registers, all of
+// them before any is used (versions 2 to 5). STAGES >= 2: they come through
+// `ring` (dec_ring_bytes<G, STAGES>() bytes of shared memory, 16-aligned),
+// the same vectors into the same registers, so the same bits (version 6).
+template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain, int STAGES = 0>
 __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
                                                 bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
                                                 int H, int Hkv, float scale_log2, int num_splits, int split_len,
-                                                float *ws_o, float *ws_ml, const Prep &prep = Prep()) {
+                                                float *ws_o, float *ws_ml, const Prep &prep = Prep(),
+                                                uint4 *ring = nullptr) {
+    static_assert(STAGES == 0 || STAGES >= 2, "a ring of one stage would wait for every tile");
     constexpr int U = dec_unroll(G);
     constexpr int LPK = D / 8;             // lanes per key row
     constexpr int SUB = 32 / LPK;          // keys per warp load
@@ -185,18 +201,55 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     }
 
     const long long head_off = (long long)kvh * D + part * 8;
-    for (int base = start; base < end; base += TILE) {
+    // The ring: tile t's vector (u, K or V) of thread tid at
+    // ring[((t % STAGES) * 2U + 2u + kind) * DEC_THREADS + tid], so that a
+    // warp's 32 copies or reads of one (u, kind) are 512 consecutive bytes.
+    // A thread reads only what it copied itself: no barrier, only its own
+    // wait for its groups. A key past the piece's end is copied as zeros.
+    const int num_tiles = (end - start + TILE - 1) / TILE;
+    auto fill = [&](int t) {
+        if constexpr (STAGES > 0) {
+            if (t < num_tiles) {
+                const uint32_t dst = (uint32_t)__cvta_generic_to_shared(ring + (t % STAGES) * 2 * U * DEC_THREADS + tid);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    const int j = start + t * TILE + u * NSUB + sub;
+                    const long long row = j < end ? kv.key_row(s, j) : 0;
+                    cp_async16(dst + (2 * u) * DEC_THREADS * 16, kv.k + row * kv.k_stride + head_off, j < end ? 16 : 0);
+                    cp_async16(dst + (2 * u + 1) * DEC_THREADS * 16, kv.v + row * kv.v_stride + head_off,
+                               j < end ? 16 : 0);
+                }
+            }
+            cp_async_commit();  // an empty group past the last tile keeps the count of groups in step
+        }
+    };
+    if constexpr (STAGES > 0) {
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; t++) fill(t);
+    }
+    for (int t = 0, base = start; base < end; t++, base += TILE) {
         // All of the tile's loads first (2U 16-byte vectors per lane), then the math.
         uint4 kr[U], vr[U];
+        if constexpr (STAGES > 0) {
+            fill(t + STAGES - 1);
+            cp_async_wait<STAGES - 1>();  // this thread's copies of tile t have landed
+            const uint4 *st = ring + (t % STAGES) * 2 * U * DEC_THREADS + tid;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int j = base + u * NSUB + sub;
-            if (j < end) {
-                const long long row = kv.key_row(s, j);
-                kr[u] = Ld::v16(kv.k + row * kv.k_stride + head_off);
-                vr[u] = Ld::v16(kv.v + row * kv.v_stride + head_off);
-            } else {
-                kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < U; u++) {
+                kr[u] = st[(2 * u) * DEC_THREADS];
+                vr[u] = st[(2 * u + 1) * DEC_THREADS];
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int j = base + u * NSUB + sub;
+                if (j < end) {
+                    const long long row = kv.key_row(s, j);
+                    kr[u] = Ld::v16(kv.k + row * kv.k_stride + head_off);
+                    vr[u] = Ld::v16(kv.v + row * kv.v_stride + head_off);
+                } else {
+                    kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+                }
             }
         }
         float sc[U][G];  // scores in log2 units; -inf past the end
@@ -334,8 +387,21 @@ struct dec_rope_src {
 // (dec_ld_cg: the read-only path is only for data no thread of the kernel
 // writes); every other piece reads through the read-only path as
 // decode_kernel_v2 does.
-template <int D, int G>
-__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
+// CTAs a SM the launch bounds ask for: the registers' limit of versions 2
+// to 5 (4 at G <= 2, 2 above), and with the ring what shared memory holds
+// (2 stages of 32 KB and the combine's 8 KB at G <= 2: 3 in 228 KB).
+template <int G, int STAGES>
+__host__ __device__ constexpr int dec_min_ctas() {
+    return STAGES == 0 ? (G <= 2 ? 4 : 2) : G <= 2 ? 3 : 2;
+}
+
+// The ring of version 6 (dynamic shared memory, dec_ring_bytes<G, STAGES>();
+// none when STAGES is 0).
+extern __shared__ __align__(16) uint4 dec_ring[];
+
+// STAGES: 0 for versions 2 to 5, DEC_RING_STAGES for version 6 (the ring).
+template <int D, int G, int STAGES>
+__global__ void __launch_bounds__(DEC_THREADS, dec_min_ctas<G, STAGES>())
 decode_kernel_v2_rope(bf16 *out, PagedKV kv, int H, int Hkv, float scale_log2, int num_splits, int split_len,
                       float *ws_o, float *ws_ml, const __grid_constant__ dec_rope_args ra) {
     pdl_launch_dependents();
@@ -345,23 +411,27 @@ decode_kernel_v2_rope(bf16 *out, PagedKV kv, int H, int Hkv, float scale_log2, i
     const int s = blockIdx.y, split = blockIdx.z, ctx = kv.num_keys(s);
     const int len = decode_piece_len(split_len, ctx, num_splits), start = split * len;
     const int end = split == num_splits - 1 ? ctx : min(ctx, start + len);
+    // (The ring's copies go through L2 like dec_ld_cg, so they see the key stored by the Prep.)
     if (start < end && end == ctx)
-        decode_piece_v2<D, G, dec_ld_cg>(blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H,
-                                         Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml, prep);
+        decode_piece_v2<D, G, dec_ld_cg, dec_sync_block, dec_prep_rope<D, dec_rope_src>, STAGES>(
+            blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H, Hkv, scale_log2, num_splits,
+            split_len, ws_o, ws_ml, prep, dec_ring);
     else
-        decode_piece_v2<D, G, dec_ld_nc>(blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H,
-                                         Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml, prep);
+        decode_piece_v2<D, G, dec_ld_nc, dec_sync_block, dec_prep_rope<D, dec_rope_src>, STAGES>(
+            blockIdx.x, s, split, 1, threadIdx.x, sm, out, ra.qkv, ra.qkv_stride, kv, H, Hkv, scale_log2, num_splits,
+            split_len, ws_o, ws_ml, prep, dec_ring);
 }
 
-template <int D, int G>
-__global__ void __launch_bounds__(DEC_THREADS, G <= 2 ? 4 : 2)
+template <int D, int G, int STAGES>
+__global__ void __launch_bounds__(DEC_THREADS, dec_min_ctas<G, STAGES>())
 decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
                  int num_splits, int split_len, float *ws_o, float *ws_ml) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     __shared__ __align__(16) float sm[dec_piece_smem_floats<D, G>()];
-    decode_piece_v2<D, G, dec_ld_nc>(blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x / Hkv, threadIdx.x, sm, out, q,
-                                     q_stride, kv, H, Hkv, scale_log2, num_splits, split_len, ws_o, ws_ml);
+    decode_piece_v2<D, G, dec_ld_nc, dec_sync_block, dec_prep_plain, STAGES>(
+        blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x / Hkv, threadIdx.x, sm, out, q, q_stride, kv, H, Hkv, scale_log2,
+        num_splits, split_len, ws_o, ws_ml, dec_prep_plain(), dec_ring);
 }
 #endif
 
@@ -487,10 +557,23 @@ static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, in
 // row_piece: 0 = pieces cut from max_context_len on the host (version 2);
 // > 0 = each row's own context cut on the device into pieces of at least
 // row_piece keys, rounded up to whole tiles (versions 3 and 4).
-template <int D, int G>
-static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
-                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
+// A kernel's static and dynamic shared memory together past 48 KB must be
+// allowed, once per kernel; *allowed: what was allowed so far (a static of
+// the caller's, one per kernel: kernels of one signature share a type).
+template <typename K>
+static int dec_allow_smem(K kernel, int bytes, int *allowed) {
+    if (bytes == 0 || *allowed >= bytes) return 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) != cudaSuccess) return -1;
+    *allowed = bytes;
+    return 0;
+}
+
+// STAGES: 0 (versions 2 to 5, and 6 where the ring does not pay) or
+// DEC_RING_STAGES (version 6).
+template <int D, int G, int STAGES>
+static int launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
+                              int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
+                              int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
@@ -502,43 +585,100 @@ static void launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Pag
     const int groups_per_kv = H / Hkv / G;
     dim3 grid((unsigned)(Hkv * groups_per_kv), (unsigned)num_seqs, (unsigned)num_splits);
     const float scale_log2 = scale * 1.4426950408889634f;  // exp(x) = 2^(x log2 e): exp2f is one instruction
-    if (rope)
-        mv_launch(decode_kernel_v2_rope<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, kv, H, Hkv, scale_log2,
-                  num_splits, split_len, ws_o, ws_ml, *rope);
-    else
-        mv_launch(decode_kernel_v2<D, G>, grid, dim3(DEC_THREADS), 0, stream, out, q, q_stride, kv, H, Hkv,
+    const int ring = STAGES ? dec_ring_bytes<G, STAGES>() : 0;
+    static int allowed_rope = 0, allowed_plain = 0;  // one pair per (D, G, STAGES)
+    if (rope) {
+        if (dec_allow_smem(decode_kernel_v2_rope<D, G, STAGES>, ring, &allowed_rope))
+            return mv_error("attention decode: %d bytes of shared memory for the ring refused", ring);
+        mv_launch(decode_kernel_v2_rope<D, G, STAGES>, grid, dim3(DEC_THREADS), ring, stream, out, kv, H, Hkv,
+                  scale_log2, num_splits, split_len, ws_o, ws_ml, *rope);
+    } else {
+        if (dec_allow_smem(decode_kernel_v2<D, G, STAGES>, ring, &allowed_plain))
+            return mv_error("attention decode: %d bytes of shared memory for the ring refused", ring);
+        mv_launch(decode_kernel_v2<D, G, STAGES>, grid, dim3(DEC_THREADS), ring, stream, out, q, q_stride, kv, H, Hkv,
                   scale_log2, num_splits, split_len, ws_o, ws_ml);
+    }
     if (num_splits > 1)
         mv_launch(reduce_v == 2 ? decode_reduce_kernel<2> : decode_reduce_kernel<1>, dim3((unsigned)H, (unsigned)num_seqs),
                   dim3(D), 0, stream, out, (const float *)ws_o, (const float *)ws_ml, kv.context_lens, H, D, num_splits,
                   split_len);
+    return 0;
+}
+
+// The ring's stages in version 6: the tile computed and the next in flight
+// (3 stages were no faster: docs/perf-notes.md, run 119).
+enum { DEC_RING_STAGES = 2 };
+
+// CTAs of kernel k resident on one SM with `smem` bytes of dynamic shared
+// memory (at least 1), asked of the runtime once per kernel.
+template <typename K>
+static int dec_ctas_per_sm(K kernel, int smem, int *cached) {
+    if (!*cached) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, DEC_THREADS, smem) != cudaSuccess || n < 1) n = 1;
+        *cached = n;
+    }
+    return *cached;
+}
+
+// Version 6: the ring, unless the grid fits on the GPU at once with
+// versions 2-5's occupancy (4 CTAs a SM at G <= 2) but not with the ring's
+// (3): a second wave would cost more than the ring saves (chapter 07). The
+// two paths give the same bits, so the choice changes only the time.
+template <int D, int G>
+static int dec_ring_stages(long long ctas, bool rope) {
+    static int plain0 = 0, plain2 = 0, rope0 = 0, rope2 = 0;
+    const int ring = dec_ring_bytes<G, DEC_RING_STAGES>();
+    const int per_sm0 = rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, 0>, 0, &rope0)
+                             : dec_ctas_per_sm(decode_kernel_v2<D, G, 0>, 0, &plain0);
+    const int per_sm2 = rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, DEC_RING_STAGES>, ring, &rope2)
+                             : dec_ctas_per_sm(decode_kernel_v2<D, G, DEC_RING_STAGES>, ring, &plain2);
+    const long long sms = mv_num_sms();
+    return ctas <= per_sm0 * sms && ctas > per_sm2 * sms ? 0 : DEC_RING_STAGES;
+}
+
+template <int D, int G>
+static int launch_decode_v2_g(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
+                              int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
+                              int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
+    if (stages && dec_ring_stages<D, G>((long long)H / G * num_seqs * num_splits, rope != NULL))
+        return launch_decode_v2_t<D, G, DEC_RING_STAGES>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv,
+                                                         scale, num_splits, workspace, row_piece, reduce_v, rope,
+                                                         stream);
+    return launch_decode_v2_t<D, G, 0>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                       workspace, row_piece, reduce_v, rope, stream);
 }
 
 // G: the largest of 8, 4, 2, 1 that divides the group; a group of another
 // size (3, 6, 16...) is served by several CTAs per kv head, each reading K
 // and V (the repeats mostly from L2).
 template <int D>
-static void launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
-                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                               int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
+static int launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
+                              int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
+                              int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
-        launch_decode_v2_t<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
-    else if (group % 4 == 0)
-        launch_decode_v2_t<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
-    else if (group % 2 == 0)
-        launch_decode_v2_t<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
-    else
-        launch_decode_v2_t<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
+        return launch_decode_v2_g<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                        workspace, row_piece, reduce_v, stages, rope, stream);
+    if (group % 4 == 0)
+        return launch_decode_v2_g<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                        workspace, row_piece, reduce_v, stages, rope, stream);
+    if (group % 2 == 0)
+        return launch_decode_v2_g<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                        workspace, row_piece, reduce_v, stages, rope, stream);
+    return launch_decode_v2_g<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                    workspace, row_piece, reduce_v, stages, rope, stream);
 }
 
+// stages: 0 (versions 2 to 5, the tile's loads into registers) or
+// DEC_RING_STAGES (version 6's ring, where it pays: dec_ring_stages).
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
+                            int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
     if (D == 128)
-        launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
-    else
-        launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits, workspace, row_piece, reduce_v, rope, stream);
-    return 0;
+        return launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                       workspace, row_piece, reduce_v, stages, rope, stream);
+    return launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
+                                  workspace, row_piece, reduce_v, stages, rope, stream);
 }
 #endif  // MV_DECODE_DEVICE_ONLY

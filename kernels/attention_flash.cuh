@@ -47,14 +47,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-// 16 bytes global -> shared, asynchronously; src_bytes 0 writes 16 zero bytes.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
 // and lane l receives, of each matrix, row l/4, columns 2(l%4), 2(l%4)+1.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {

@@ -46,6 +46,17 @@ __device__ __forceinline__ float block_sum(float v) {
     return v;
 }
 
+// 16 bytes global -> shared (dst: a shared-space address), asynchronously,
+// through L2 only (.cg); src_bytes 0 writes 16 zero bytes and reads nothing.
+// A thread's copies are visible to that thread after cp_async_wait<N>() has
+// left at most N of its newest groups in flight; other threads need a barrier.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
 // The number of multiprocessors (SMs) of the current device, queried once
 // per device and cached: launchers size grids that fill the GPU from it.
 int mv_num_sms(void);

@@ -80,6 +80,7 @@ static const kernel_version_t ATTN_DECODE_VERSION_TABLE[] = {
     {3, "v3-gqa-split-per-row"},
     {4, "v4-gqa-balanced-pieces"},
     {5, "v5-reduce-loads-first"},
+    {6, "v6-async-ring"},
     {0, NULL},
 };
 

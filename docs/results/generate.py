@@ -1604,16 +1604,22 @@ RUN112_TOOL = re.compile(r"^(memcheck options|racecheck|ch07 memcheck|ch07 racec
                          r"SUMMARY: .*?)(?: \(\d+ s\)$| 07-attention|$)")
 
 
-def run112_section(title):
-    """The lines of docs/results/09-engine-run112.txt's section whose heading starts with '## ' + title."""
-    if not os.path.exists(RUN112_TXT):
+def run_log_section(path, title):
+    """The lines of a run's output file (docs/results/09-engine-run*.txt) in the section whose heading starts with
+    '## ' + title."""
+    if not os.path.exists(path):
         return []
-    lines = open(RUN112_TXT).read().splitlines()
+    lines = open(path).read().splitlines()
     start = next((i for i, l in enumerate(lines) if l.startswith("## " + title)), None)
     if start is None:
         return []
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     return lines[start + 1:end]
+
+
+def run112_section(title):
+    """The lines of docs/results/09-engine-run112.txt's section whose heading starts with '## ' + title."""
+    return run_log_section(RUN112_TXT, title)
 
 
 def run112_tools():
@@ -1743,6 +1749,103 @@ def render_decode_rope_ch07(d):
     for tool in ("ch07 memcheck", "ch07 racecheck"):
         rc, summary = tools[tool]
         out.append(f"| {tool.split()[1]} | {rc} | {summary} |")
+    return "\n".join(out) + "\n"
+
+
+RUN115_TXT = os.path.join(HERE, "09-engine-run115.txt")
+RUN115_TOOL = re.compile(r"^(07 v6 memcheck|07 v6 racecheck|memcheck generate|racecheck generate) rc=(\d+) =+ "
+                         r"((?:ERROR|RACECHECK) SUMMARY: .*?) \(\d+ s\)$")
+RUN115_EC = re.compile(r"^ec default\(v6\) rc=(\d+) PASS (\d+) FAIL (\d+)")
+
+
+def run120_verdicts():
+    """Run 120's compute-sanitizer verdicts {what: (exit status, summary)} and engine_check's (rc, PASS, FAIL)."""
+    tools, ec = {}, None
+    for line in run_log_section(RUN115_TXT, "Run 120:"):
+        m = RUN115_TOOL.match(line)
+        if m:
+            tools[m.group(1)] = (int(m.group(2)), m.group(3).strip())
+        m = RUN115_EC.match(line)
+        if m:
+            ec = tuple(int(x) for x in m.groups())
+    return tools, ec
+
+
+def read_ceiling():
+    """tests/gpu/read_probe.cu's result (json/read-probe.h100.json, run 117): (gpu, copy GB/s, best linear read
+    point, best KV-layout point)."""
+    d = load("read-probe.h100.json")
+    if not d:
+        return None
+    best = lambda layout: max((p for p in d["points"] if p["layout"] == layout), key=lambda p: p["gbs"])
+    return d["gpu"], d["copy_gbs"], best("linear"), best("kv")
+
+
+def render_ring_ch07(d):
+    """Decode attention version 6 (the ring) against version 4 in run 120's chapter 07 (json/07-attention.v6-h100.json),
+    against the read ceiling of run 117 (json/read-probe.h100.json), with run 120's sanitizers."""
+    rc = read_ceiling()
+    tools, _ = run120_verdicts()
+    if not rc or "07 v6 memcheck" not in tools or "07 v6 racecheck" not in tools:
+        return None
+    gpu, copy, lin, kvb = rc
+    by = {}
+    for x in d["timings"]:
+        if x["case"].startswith("decode ") and "automatic" in x["version"]:
+            v = x["version"].split("-")[0]
+            if v in ("v4", "v6"):
+                by.setdefault(x["case"], {})[v] = x
+    v6 = [c for c in d["checks"] if "v6" in c.get("version", "")]
+    out = [f"`{d['command'].replace('/tmp/r5/07-attention.json', 'FILE')}` on **{d['gpu']['name']}**, {d['date'][:10]} "
+           f"(run 120, `docs/results/09-engine-run115.txt`): {d['n_checks'] - d['n_failed']} of {d['n_checks']} checks "
+           f"passed, {sum(c['pass'] for c in v6)} of {len(v6)} of them on version 6 (among them its bits against "
+           f"version 4's, unsplit, in 3 pieces and in the automatic count, on every case). The read ceiling is "
+           f"`tests/gpu/read_probe.cu` on another {gpu} (run 117): {lin['gbs']:,.0f} GB/s reading 2 GiB in 16-byte "
+           f"loads ({lin['threads']} threads a block, {lin['ctas_per_sm']} blocks a SM, {lin['U']} loads in flight a "
+           f"thread), {kvb['gbs']:,.0f} GB/s in decode attention's own pattern (256-byte pieces 2 KB apart), against "
+           f"a copy of {copy:,.0f} GB/s (reads and writes counted) in the same process. Times as a decode graph "
+           f"launches them (bound 4,096 keys, automatic pieces):", "",
+           "| case (rows x keys) | version 4 | version 6 | version 6 / 4 |", "| --- | ---: | ---: | ---: |"]
+    order = lambda c: (-int(c.split()[1].split("x")[0]), c)
+    for case in sorted(by, key=order):
+        if "v4" not in by[case] or "v6" not in by[case]:
+            continue
+        a, b = by[case]["v4"], by[case]["v6"]
+        cell = lambda x: f"{x['ms'] * 1e3:.1f} us ({x['gbs']:,.0f} GB/s, {100 * x['gbs'] / lin['gbs']:.0f}% of the read)"
+        out.append(f"| {case.split()[1]} | {cell(a)} | {cell(b)} | {b['ms'] / a['ms']:.3f} |")
+    out += ["", "compute-sanitizer over `./build/07-attention --checks-only --kernel 6 --summary` in run 120:", "",
+            "| tool | exit status | summary |", "| --- | --- | --- |"]
+    for tool in ("07 v6 memcheck", "07 v6 racecheck"):
+        out.append(f"| {tool.split()[2]} | {tools[tool][0]} | {tools[tool][1]} |")
+    return "\n".join(out) + "\n"
+
+
+def render_ring_engine():
+    """The engine with decode attention version 4 and version 6 (MV_DECODE_ATTENTION=4|6), run 120
+    (json/09-engine.r120-*.json), with its engine_check and sanitizers at the new default."""
+    wl = {(v, r): load(f"09-engine.r120-wl-a{v}-r{r}.json") for v in (4, 6) for r in (1, 2)}
+    lat = {v: load(f"09-engine.r120-lat-a{v}.json") for v in (4, 6)}
+    tools, ec = run120_verdicts()
+    if not all(wl.values()) or not all(lat.values()) or ec is None or "memcheck generate" not in tools:
+        return None
+    g = wl[6, 1]
+    w4, w6 = [wl[4, r] for r in (1, 2)], [wl[6, r] for r in (1, 2)]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{g['gpu']}**, "
+           f"{g['date'][:10]} (run 120, the tree that became the commit of version 6, labelled {g['commit']}), with "
+           f"`MV_DECODE_ATTENTION=4` and `=6` alternated in one call. Output tok/s:", "",
+           "| run | version 4 | version 6 | 6 / 4 |", "| --- | ---: | ---: | ---: |",
+           f"| nano-vllm's workload, greedy (`--input W --repeat 1`), rounds 1 / 2 | {tok_cell(w4)} | {tok_cell(w6)} | "
+           f"{100 * mean(w6) / mean(w4):.1f}% |"]
+    for b in (8, 16, 32, 64, 128, 256):
+        out.append(f"| latency, {b} rows (1,024 + 128, `--repeat 2`) | {lat_cell([lat[4]], b)} | "
+                   f"{lat_cell([lat[6]], b)} | {100 * lat_mean([lat[6]], b) / lat_mean([lat[4]], b):.1f}% |")
+    out += ["", f"In the same call at the new default (version 6): `build/engine_check --device cuda` {ec[1]} PASS, "
+            f"{ec[2]} FAIL; compute-sanitizer over `minivllm generate --model tests/data/tiny-qwen3-mha --device cuda "
+            f"--input tests/gpu/options.jsonl --max-num-seqs 8`:", "", "| tool | exit status | summary |",
+            "| --- | --- | --- |"]
+    for tool in ("memcheck generate", "racecheck generate"):
+        out.append(f"| {tool.split()[0]} | {tools[tool][0]} | {tools[tool][1]} |")
     return "\n".join(out) + "\n"
 
 
@@ -2155,6 +2258,10 @@ def blocks():
                 out[f"{ch}:decode"] = (name, render_decode_versions(d))
             if ch == "07-attention.v5":
                 out[f"{ch}:decode"] = (name, render_decode_v5(d))
+            if ch == "07-attention.v6-h100":
+                ring = render_ring_ch07(d)
+                if ring:
+                    out[f"{ch}:decode-ring"] = (name, ring)
             if ch == "07-attention.rope-h100":
                 rope = render_decode_rope_ch07(d)
                 if rope:
@@ -2234,6 +2341,9 @@ def blocks():
     sv4 = render_sampler_v4()
     if sv4:
         out["09-engine:sampler-v4"] = ("09-engine.r113-wl-s4-greedy-r1.json", sv4)
+    dring = render_ring_engine()
+    if dring:
+        out["09-engine:decode-ring"] = ("09-engine.r120-wl-a6-r1.json", dring)
     dre = render_decode_rope_engine()
     if dre:
         out["09-engine:decode-rope"] = ("09-engine.r114-lat-rope1-r1.json", dre)

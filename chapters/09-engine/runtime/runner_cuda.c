@@ -690,7 +690,7 @@ static const struct {
      "0 (a mixed step's rows all through prefill attention) or 1 (its one-token rows through decode attention, the "
      "default)"},
     {"MV_MEGAKERNEL", "01", "0 (the unfused decode graphs) or 1 (the megakernel, the default)"},
-    {"MV_DECODE_ATTENTION", "34", "3 or 4 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
+    {"MV_DECODE_ATTENTION", "346", "3, 4 or 6 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
     {"MV_LINEAR_GEMV", "23", "2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the default)"},
     {"MV_STEP_TIMES", "01",
      "0 (off, the default) or 1 (each graphed decode step timed, the means printed at the end)"},
@@ -1074,7 +1074,7 @@ static int decode_attention_version(void) {
     static int version = 0;
     if (!version) {
         const char *v = getenv("MV_DECODE_ATTENTION");
-        version = v && !strcmp(v, "3") ? 3 : ATTN_DECODE_FAST;
+        version = v && !strcmp(v, "3") ? 3 : v && !strcmp(v, "4") ? 4 : v && !strcmp(v, "6") ? 6 : ATTN_DECODE_FAST;
     }
     return version;
 }
