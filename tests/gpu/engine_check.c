@@ -34,7 +34,8 @@
  *    bit-identical (a 64-bit hash per row). Again with MV_DECODE_ROPE=1:
  *    the graphs' q/k norm, RoPE and KV store inside decode attention
  *    (attention_decode_rope_cuda) against eager's two kernels.
- * 2. The GPU sampler (kernels/sampling.h), every version (1: bisection,
+ * 2. (Not with --enforce-eager or MV_TP_COMM_OF_ONE=1, which do not change
+ *    it.) The GPU sampler (kernels/sampling.h), every version (1: bisection,
  *    2: shortlists, the engine's), against its CPU reference
  *    (reference/sampling.h, sample_tokens_cpu) on the same logits: the
  *    same id on every row, exactly (both draw the same numbers: the rule is
@@ -2139,7 +2140,10 @@ int main(int argc, char **argv) {
     check_goldens(dev);
 #if MV_HAVE_CUDA
     check_engine_options(dev);
-    if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_sampler();  // the engine's mode does not change it
+    // The sampler's kernels are checked on their own: neither the engine's mode
+    // nor its tensor-parallel path changes them (so, with MV_TP_COMM_OF_ONE=1,
+    // the run checks only what that path changes, in less device time).
+    if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager && !(one && !strcmp(one, "1"))) check_sampler();
 #endif
     printf("engine_check: %d PASS, %d NEAR-TIE (bf16 took the other side of an HF top-2 margin < %g), %d SKIP, "
            "%d FAIL\n",
