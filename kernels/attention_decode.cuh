@@ -606,7 +606,7 @@ static int launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Page
 }
 
 // The ring's stages in version 6: the tile computed and the next in flight
-// (3 stages were no faster: docs/perf-notes.md, run 119).
+// (3 stages were no faster in chapter 07's timings: docs/perf-notes.md).
 enum { DEC_RING_STAGES = 2 };
 
 // CTAs of kernel k resident on one SM with `smem` bytes of dynamic shared
