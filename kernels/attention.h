@@ -81,7 +81,17 @@
  *              registers in the same order: version 4's bits. The ring
  *              leaves room for 3 blocks a SM, not 4; where the grid would fit
  *              in one wave at 4 a SM but not at 3, it takes version 4's loads.
- *              The engine's (ATTN_DECODE_FAST).
+ *   decode  7  version 6 with its blocks started longest row first: the
+ *              caller passes d_row_order, a permutation of the rows
+ *              (attention_row_order_longest_first, reference/attention.h,
+ *              makes it on the host), and block (y, z) of the grid computes
+ *              the (y + rows * z)-th (row, piece) of that order. Blocks start
+ *              in grid order, so in a batch of mixed lengths the last ones to
+ *              start are the shortest, and no long row runs on alone at the
+ *              end of the launch. Taken only where the grid needs more than
+ *              one wave (in one, every block starts at once). The same pieces
+ *              and sums: version 4's bits, in any order. The engine's
+ *              (ATTN_DECODE_FAST).
  */
 #ifndef MV_KERNELS_ATTENTION_H
 #define MV_KERNELS_ATTENTION_H
@@ -99,8 +109,8 @@ extern "C" {
 
 #define ATTN_PREFILL_NUM_VERSIONS 3
 #define ATTN_PREFILL_FAST 3  // the version the engine uses
-#define ATTN_DECODE_NUM_VERSIONS 6
-#define ATTN_DECODE_FAST 6   // the version the engine uses
+#define ATTN_DECODE_NUM_VERSIONS 7
+#define ATTN_DECODE_FAST 7   // the version the engine uses
 #define ATTN_DECODE_MAX_SPLITS 64
 
 const char *attention_prefill_version_name(int version);
@@ -145,10 +155,15 @@ size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, int head_di
 // (versions 2 and 3; version 1 takes 0 or 1). d_workspace must hold
 // attention_decode_workspace_bytes() for the splits used (may be NULL when
 // unsplit). A piece that starts past a sequence's context contributes
-// nothing, so max_context_len may be an upper bound.
+// nothing, so max_context_len may be an upper bound. d_row_order
+// [num_seqs]: the order version 7 starts the rows' blocks in, a permutation
+// of 0 .. num_seqs - 1 (check the host copy with
+// attention_validate_row_order: the launcher cannot read it), or NULL for
+// the rows' own order; the other versions do not read it.
 int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
                           const bf16_t *d_k_cache, const bf16_t *d_v_cache, const int32_t *d_context_lens,
-                          const int32_t *d_block_tables, int num_seqs, int max_context_len, int num_heads,
+                          const int32_t *d_block_tables, const int32_t *d_row_order, int num_seqs,
+                          int max_context_len, int num_heads,
                           int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
                           float scale, void *d_workspace, size_t workspace_bytes, cudaStream_t stream);
 
@@ -159,14 +174,14 @@ int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16
 // each piece norms and rotates its own queries from the raw QKV row, and
 // the piece that holds a row's last key (the new token's) stores that key
 // and its value into the cache before it reads its keys. The output and
-// the caches are the two kernels' bits. d_qkv [num_seqs, (num_heads + 2 *
+// the caches are the two kernels' bits (d_row_order as attention_decode_cuda). d_qkv [num_seqs, (num_heads + 2 *
 // num_kv_heads) * head_dim] holds one token a row ([q | k | v], the
 // engine's layout); the one kernel leaves its q and k columns raw, the two
 // leave them normed and rotated: read neither afterwards. Slots are chapter
 // 06's (-1 = store nothing; check them on the host first,
 // kv_store_validate_slots: one out of range traps), positions must be below
 // the cache's max_position (else a trap). num_splits, the workspace and the
-// other arguments as attention_decode_cuda; versions 2 to 5 fuse, version 1
+// other arguments as attention_decode_cuda; versions 2 to 7 fuse, version 1
 // runs the two kernels. A refused call (no rope arguments, an unknown
 // version, heads, block size or pieces the kernels do not take, one buffer
 // for K and V) returns -1 with mv_error() before anything is written. Checked by chapter 07 against the two kernels, bit
@@ -181,13 +196,13 @@ typedef struct {
 
 int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d_out, bf16_t *d_qkv,
                                const attention_decode_rope_t *rope, bf16_t *d_k_cache, bf16_t *d_v_cache,
-                               const int32_t *d_context_lens, const int32_t *d_block_tables, int num_seqs,
-                               int max_context_len, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                               int num_blocks, int max_blocks, float scale, void *d_workspace, size_t workspace_bytes,
-                               cudaStream_t stream);
+                               const int32_t *d_context_lens, const int32_t *d_block_tables,
+                               const int32_t *d_row_order, int num_seqs, int max_context_len, int num_heads,
+                               int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
+                               float scale, void *d_workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // 1 when attention_decode_rope_cuda runs one kernel for these arguments:
-// version 2 to 5, head_dim 64 or 128, a GQA group of 1, 2, 4 or 8 (one CTA
+// version 2 to 7, head_dim 64 or 128, a GQA group of 1, 2, 4 or 8 (one CTA
 // covers a kv head's queries), d_qkv, the weights and the caches 16-byte
 // aligned, cos/sin 32-byte aligned; 0 when it runs the two kernels.
 int attention_decode_rope_fused(int version, const bf16_t *d_qkv, const attention_decode_rope_t *rope,

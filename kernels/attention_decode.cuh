@@ -1,8 +1,9 @@
 /*
- * kernels/attention_decode.cuh - versions 2 to 6 of decode attention: one CTA
+ * kernels/attention_decode.cuh - versions 2 to 7 of decode attention: one CTA
  * per (sequence, kv head, split), the whole GQA group of query heads at once,
  * 16-byte loads, split flash-decoding with a reduction kernel (version 6:
- * the loads through a ring in shared memory, decode_piece_v2). Included by
+ * the loads through a ring in shared memory, decode_piece_v2; version 7:
+ * version 6's blocks launched longest row first, dec_block_row). Included by
  * attention.cu and, for its device code alone (MV_DECODE_DEVICE_ONLY), by
  * the decode megakernel; both include kernels/paged_kv.cuh first.
  *
@@ -154,7 +155,7 @@ __host__ __device__ constexpr int dec_ring_bytes() {
 // STAGES 0: each tile's keys and values are loaded into registers, all of
 // them before any is used (versions 2 to 5). STAGES >= 2: they come through
 // `ring` (dec_ring_bytes<G, STAGES>() bytes of shared memory, 16-aligned),
-// the same vectors into the same registers, so the same bits (version 6).
+// the same vectors into the same registers, so the same bits (versions 6 and 7).
 template <int D, int G, class Ld, class Sync = dec_sync_block, class Prep = dec_prep_plain, int STAGES = 0>
 __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int groups_per_kv, int tid, float *sm,
                                                 bf16 *out, const bf16 *q, long long q_stride, const PagedKV &kv,
@@ -348,6 +349,30 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
 #ifndef MV_DECODE_DEVICE_ONLY
 #include "kernels/decode_rope_prep.cuh"
 
+// Which row s and piece `split` a block of the grid (x, y = row, z = piece)
+// computes. Without an order (versions 2 to 6), row y's piece z. With one
+// (version 7), the blocks' (y, z) counted in the order the GPU starts them,
+// y fastest, p = y + rows * z, and read as (rank, piece) = (p / num_splits,
+// p % num_splits): row row_order[rank]'s pieces one after another, the
+// longest row's first. Why: blocks start in that order and a SM takes the
+// next one as soon as one of its own ends, so the last blocks to start are
+// the tail of the launch. Where rows of mixed lengths start in their own
+// order, a long row that starts last runs on alone while the rest of the
+// GPU idles (the longest of 2,048 keys takes about 60 us by itself).
+// Longest first, the last blocks to start are the shortest, and every SM
+// runs out of work at nearly the same time. The piece's keys, its sums and
+// their order are what they are without the order: the same bits.
+__device__ __forceinline__ void dec_block_row(const int32_t *row_order, int num_splits, int *s, int *split) {
+    if (!row_order) {
+        *s = blockIdx.y;
+        *split = blockIdx.z;
+        return;
+    }
+    const int p = blockIdx.y + gridDim.y * blockIdx.z;
+    *s = row_order[p / num_splits];
+    *split = p % num_splits;
+}
+
 // attention_decode_rope_cuda's arguments on the device: the raw QKV rows
 // [rows, qkv_stride] (q at column 0, k at qn, v at qn + Hkv * D) and what
 // q/k norm, RoPE and the store read (kernels/decode_rope_prep.cuh).
@@ -395,20 +420,22 @@ __host__ __device__ constexpr int dec_min_ctas() {
     return STAGES == 0 ? (G <= 2 ? 4 : 2) : G <= 2 ? 3 : 2;
 }
 
-// The ring of version 6 (dynamic shared memory, dec_ring_bytes<G, STAGES>();
+// The ring of versions 6 and 7 (dynamic shared memory, dec_ring_bytes<G, STAGES>();
 // none when STAGES is 0).
 extern __shared__ __align__(16) uint4 dec_ring[];
 
-// STAGES: 0 for versions 2 to 5, DEC_RING_STAGES for version 6 (the ring).
+// STAGES: 0 for versions 2 to 5, DEC_RING_STAGES for versions 6 and 7 (the ring).
 template <int D, int G, int STAGES>
 __global__ void __launch_bounds__(DEC_THREADS, dec_min_ctas<G, STAGES>())
 decode_kernel_v2_rope(bf16 *out, PagedKV kv, int H, int Hkv, float scale_log2, int num_splits, int split_len,
-                      float *ws_o, float *ws_ml, const __grid_constant__ dec_rope_args ra) {
+                      float *ws_o, float *ws_ml, const int32_t *row_order, const __grid_constant__ dec_rope_args ra) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     __shared__ __align__(16) float sm[dec_piece_smem_floats<D, G>()];
     const dec_prep_rope<D, dec_rope_src> prep{{&ra}};
-    const int s = blockIdx.y, split = blockIdx.z, ctx = kv.num_keys(s);
+    int s, split;
+    dec_block_row(row_order, num_splits, &s, &split);
+    const int ctx = kv.num_keys(s);
     const int len = decode_piece_len(split_len, ctx, num_splits), start = split * len;
     const int end = split == num_splits - 1 ? ctx : min(ctx, start + len);
     // (The ring's copies go through L2 like dec_ld_cg, so they see the key stored by the Prep.)
@@ -425,12 +452,14 @@ decode_kernel_v2_rope(bf16 *out, PagedKV kv, int H, int Hkv, float scale_log2, i
 template <int D, int G, int STAGES>
 __global__ void __launch_bounds__(DEC_THREADS, dec_min_ctas<G, STAGES>())
 decode_kernel_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int H, int Hkv, float scale_log2,
-                 int num_splits, int split_len, float *ws_o, float *ws_ml) {
+                 int num_splits, int split_len, float *ws_o, float *ws_ml, const int32_t *row_order) {
     pdl_launch_dependents();
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     __shared__ __align__(16) float sm[dec_piece_smem_floats<D, G>()];
+    int s, split;
+    dec_block_row(row_order, num_splits, &s, &split);
     decode_piece_v2<D, G, dec_ld_nc, dec_sync_block, dec_prep_plain, STAGES>(
-        blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x / Hkv, threadIdx.x, sm, out, q, q_stride, kv, H, Hkv, scale_log2,
+        blockIdx.x, s, split, gridDim.x / Hkv, threadIdx.x, sm, out, q, q_stride, kv, H, Hkv, scale_log2,
         num_splits, split_len, ws_o, ws_ml, dec_prep_plain(), dec_ring);
 }
 #endif
@@ -568,12 +597,13 @@ static int dec_allow_smem(K kernel, int bytes, int *allowed) {
     return 0;
 }
 
-// STAGES: 0 (versions 2 to 5, and 6 where the ring does not pay) or
-// DEC_RING_STAGES (version 6).
+// STAGES: 0 (versions 2 to 5, and 6 and 7 where the ring does not pay) or
+// DEC_RING_STAGES (versions 6 and 7).
 template <int D, int G, int STAGES>
 static int launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                              int row_piece, int reduce_v, const dec_rope_args *rope, cudaStream_t stream) {
+                              int row_piece, int reduce_v, const int32_t *row_order, const dec_rope_args *rope,
+                              cudaStream_t stream) {
     constexpr int TILE = dec_tile(D, dec_unroll(G));
     // Pieces of whole tiles: every piece but the last starts and ends on a tile.
     const int per_piece = (max_context_len + num_splits - 1) / num_splits;
@@ -591,12 +621,12 @@ static int launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Page
         if (dec_allow_smem(decode_kernel_v2_rope<D, G, STAGES>, ring, &allowed_rope))
             return mv_error("attention decode: %d bytes of shared memory for the ring refused", ring);
         mv_launch(decode_kernel_v2_rope<D, G, STAGES>, grid, dim3(DEC_THREADS), ring, stream, out, kv, H, Hkv,
-                  scale_log2, num_splits, split_len, ws_o, ws_ml, *rope);
+                  scale_log2, num_splits, split_len, ws_o, ws_ml, row_order, *rope);
     } else {
         if (dec_allow_smem(decode_kernel_v2<D, G, STAGES>, ring, &allowed_plain))
             return mv_error("attention decode: %d bytes of shared memory for the ring refused", ring);
         mv_launch(decode_kernel_v2<D, G, STAGES>, grid, dim3(DEC_THREADS), ring, stream, out, q, q_stride, kv, H, Hkv,
-                  scale_log2, num_splits, split_len, ws_o, ws_ml);
+                  scale_log2, num_splits, split_len, ws_o, ws_ml, row_order);
     }
     if (num_splits > 1)
         mv_launch(reduce_v == 2 ? decode_reduce_kernel<2> : decode_reduce_kernel<1>, dim3((unsigned)H, (unsigned)num_seqs),
@@ -605,7 +635,7 @@ static int launch_decode_v2_t(bf16 *out, const bf16 *q, long long q_stride, Page
     return 0;
 }
 
-// The ring's stages in version 6: the tile computed and the next in flight
+// The ring's stages in versions 6 and 7: the tile computed and the next in flight
 // (3 stages were no faster in chapter 07's timings: docs/perf-notes.md).
 enum { DEC_RING_STAGES = 2 };
 
@@ -625,28 +655,46 @@ static int dec_ctas_per_sm(K kernel, int smem, int *cached) {
 // versions 2-5's occupancy (4 CTAs a SM at G <= 2) but not with the ring's
 // (3): a second wave would cost more than the ring saves (chapter 07). The
 // two paths give the same bits, so the choice changes only the time.
+// CTAs a SM of the kernel a launch takes: with the ring (stages > 0) or
+// without, with q/k norm and RoPE in its pieces (rope) or without.
 template <int D, int G>
-static int dec_ring_stages(long long ctas, bool rope) {
+static int dec_kernel_ctas_per_sm(int stages, bool rope) {
     static int plain0 = 0, plain2 = 0, rope0 = 0, rope2 = 0;
     const int ring = dec_ring_bytes<G, DEC_RING_STAGES>();
-    const int per_sm0 = rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, 0>, 0, &rope0)
-                             : dec_ctas_per_sm(decode_kernel_v2<D, G, 0>, 0, &plain0);
-    const int per_sm2 = rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, DEC_RING_STAGES>, ring, &rope2)
-                             : dec_ctas_per_sm(decode_kernel_v2<D, G, DEC_RING_STAGES>, ring, &plain2);
-    const long long sms = mv_num_sms();
-    return ctas <= per_sm0 * sms && ctas > per_sm2 * sms ? 0 : DEC_RING_STAGES;
+    if (!stages)
+        return rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, 0>, 0, &rope0)
+                    : dec_ctas_per_sm(decode_kernel_v2<D, G, 0>, 0, &plain0);
+    return rope ? dec_ctas_per_sm(decode_kernel_v2_rope<D, G, DEC_RING_STAGES>, ring, &rope2)
+                : dec_ctas_per_sm(decode_kernel_v2<D, G, DEC_RING_STAGES>, ring, &plain2);
 }
 
 template <int D, int G>
+static int dec_ring_stages(long long ctas, bool rope) {
+    const long long sms = mv_num_sms();
+    return ctas <= dec_kernel_ctas_per_sm<D, G>(0, rope) * sms &&
+                   ctas > dec_kernel_ctas_per_sm<D, G>(DEC_RING_STAGES, rope) * sms
+               ? 0
+               : DEC_RING_STAGES;
+}
+
+// row_order (version 7): taken only where the grid needs more than one wave.
+// In one wave every block starts at once, so the order would change nothing
+// but add a load before each block's first key.
+template <int D, int G>
 static int launch_decode_v2_g(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                              int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
-    if (stages && dec_ring_stages<D, G>((long long)H / G * num_seqs * num_splits, rope != NULL))
+                              int row_piece, int reduce_v, int stages, const int32_t *row_order,
+                              const dec_rope_args *rope, cudaStream_t stream) {
+    const long long ctas = (long long)H / G * num_seqs * num_splits;
+    const int st = stages && dec_ring_stages<D, G>(ctas, rope != NULL) ? DEC_RING_STAGES : 0;
+    const long long one_wave = (long long)dec_kernel_ctas_per_sm<D, G>(st, rope != NULL) * mv_num_sms();
+    const int32_t *order = row_order && ctas > one_wave ? row_order : NULL;
+    if (st)
         return launch_decode_v2_t<D, G, DEC_RING_STAGES>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv,
-                                                         scale, num_splits, workspace, row_piece, reduce_v, rope,
-                                                         stream);
+                                                         scale, num_splits, workspace, row_piece, reduce_v, order,
+                                                         rope, stream);
     return launch_decode_v2_t<D, G, 0>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                       workspace, row_piece, reduce_v, rope, stream);
+                                       workspace, row_piece, reduce_v, order, rope, stream);
 }
 
 // G: the largest of 8, 4, 2, 1 that divides the group; a group of another
@@ -655,30 +703,34 @@ static int launch_decode_v2_g(bf16 *out, const bf16 *q, long long q_stride, Page
 template <int D>
 static int launch_decode_v2_d(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                               int max_context_len, int H, int Hkv, float scale, int num_splits, float *workspace,
-                              int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
+                              int row_piece, int reduce_v, int stages, const int32_t *row_order,
+                              const dec_rope_args *rope, cudaStream_t stream) {
     const int group = H / Hkv;
     if (group % 8 == 0)
         return launch_decode_v2_g<D, 8>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                        workspace, row_piece, reduce_v, stages, rope, stream);
+                                        workspace, row_piece, reduce_v, stages, row_order, rope, stream);
     if (group % 4 == 0)
         return launch_decode_v2_g<D, 4>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                        workspace, row_piece, reduce_v, stages, rope, stream);
+                                        workspace, row_piece, reduce_v, stages, row_order, rope, stream);
     if (group % 2 == 0)
         return launch_decode_v2_g<D, 2>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                        workspace, row_piece, reduce_v, stages, rope, stream);
+                                        workspace, row_piece, reduce_v, stages, row_order, rope, stream);
     return launch_decode_v2_g<D, 1>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                    workspace, row_piece, reduce_v, stages, rope, stream);
+                                    workspace, row_piece, reduce_v, stages, row_order, rope, stream);
 }
 
 // stages: 0 (versions 2 to 5, the tile's loads into registers) or
-// DEC_RING_STAGES (version 6's ring, where it pays: dec_ring_stages).
+// DEC_RING_STAGES (versions 6 and 7's ring, where it pays: dec_ring_stages).
+// row_order: NULL, or version 7's longest-first order of the rows
+// (dec_block_row), a permutation of 0 .. num_seqs - 1.
 static int launch_decode_v2(bf16 *out, const bf16 *q, long long q_stride, PagedKV kv, int num_seqs,
                             int max_context_len, int H, int Hkv, int D, float scale, int num_splits, float *workspace,
-                            int row_piece, int reduce_v, int stages, const dec_rope_args *rope, cudaStream_t stream) {
+                            int row_piece, int reduce_v, int stages, const int32_t *row_order,
+                            const dec_rope_args *rope, cudaStream_t stream) {
     if (D == 128)
         return launch_decode_v2_d<128>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                       workspace, row_piece, reduce_v, stages, rope, stream);
+                                       workspace, row_piece, reduce_v, stages, row_order, rope, stream);
     return launch_decode_v2_d<64>(out, q, q_stride, kv, num_seqs, max_context_len, H, Hkv, scale, num_splits,
-                                  workspace, row_piece, reduce_v, stages, rope, stream);
+                                  workspace, row_piece, reduce_v, stages, row_order, rope, stream);
 }
 #endif  // MV_DECODE_DEVICE_ONLY

@@ -81,6 +81,7 @@ static const kernel_version_t ATTN_DECODE_VERSION_TABLE[] = {
     {4, "v4-gqa-balanced-pieces"},
     {5, "v5-reduce-loads-first"},
     {6, "v6-async-ring"},
+    {7, "v7-longest-first"},
     {0, NULL},
 };
 

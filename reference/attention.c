@@ -101,6 +101,52 @@ int attention_validate_paged_batch(const int32_t *cu_seqlens_q, const int32_t *c
     return 0;
 }
 
+// Sort keys: (INT32_MAX - length) in the high half, the row in the low
+// half, so one ascending sort of the keys is longest first, ties by row.
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int attention_row_order_longest_first(const int32_t *context_lens, int num_seqs, int32_t *order) {
+    if (num_seqs < 0) return mv_error("attention: num_seqs must be >= 0, got %d", num_seqs);
+    if (num_seqs == 0) return 0;
+    if (!context_lens || !order) return mv_error("attention: the row order needs context_lens and order (NULL given)");
+    uint64_t *keys = malloc((size_t)num_seqs * sizeof *keys);
+    if (!keys) return mv_error("attention: out of memory for the row order of %d rows", num_seqs);
+    for (int s = 0; s < num_seqs; s++) {
+        const int32_t len = context_lens[s] > 0 ? context_lens[s] : 0;
+        keys[s] = (uint64_t)(uint32_t)(INT32_MAX - len) << 32 | (uint32_t)s;
+    }
+    qsort(keys, (size_t)num_seqs, sizeof *keys, cmp_u64);
+    for (int k = 0; k < num_seqs; k++) order[k] = (int32_t)(keys[k] & 0xffffffffu);
+    free(keys);
+    return 0;
+}
+
+int attention_validate_row_order(const int32_t *order, int num_seqs) {
+    if (num_seqs < 0) return mv_error("attention: num_seqs must be >= 0, got %d", num_seqs);
+    if (num_seqs == 0) return 0;
+    if (!order) return mv_error("attention: the row order is NULL for %d rows", num_seqs);
+    unsigned char *seen = calloc((size_t)num_seqs, 1);
+    if (!seen) return mv_error("attention: out of memory checking a row order of %d rows", num_seqs);
+    int rc = 0;
+    for (int k = 0; k < num_seqs && !rc; k++) {
+        const int32_t s = order[k];
+        if (s < 0 || s >= num_seqs)
+            rc = mv_error("attention: row_order[%d] = %d is outside [0, %d): the order must name every row once", k,
+                          (int)s, num_seqs);
+        else if (seen[s])
+            rc = mv_error("attention: row_order[%d] = %d names row %d a second time: the order must name every row "
+                          "once",
+                          k, (int)s, (int)s);
+        else
+            seen[s] = 1;
+    }
+    free(seen);
+    return rc;
+}
+
 int attention_validate_contiguous_batch(const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
                                         int num_seqs) {
     if (num_seqs < 0) return mv_error("attention: num_seqs must be >= 0, got %d", num_seqs);

@@ -116,6 +116,22 @@ int attention_validate_paged_batch(const int32_t *cu_seqlens_q, const int32_t *c
 int attention_validate_contiguous_batch(const int32_t *cu_seqlens_q, const int32_t *cu_seqlens_k,
                                         int num_seqs);
 
+// The order in which decode attention version 7 (kernels/attention.h)
+// launches the rows' blocks: longest context first. order[k] is the row with
+// the k-th longest context_lens entry; rows of equal length keep their own
+// order (so the result is one permutation for a given batch). A negative
+// length counts as 0. The GPU cannot sort cheaply inside one launch, and the
+// engine knows every row's length on the host when it stages a step, so the
+// order is made here, on the host. Returns 0, or -1 on a NULL array or
+// num_seqs < 0.
+int attention_row_order_longest_first(const int32_t *context_lens, int num_seqs, int32_t *order);
+
+// order [num_seqs] must be a permutation of 0 .. num_seqs - 1 (every row
+// exactly once): a row left out would never be computed, a row named twice
+// would be written twice. Returns 0, or -1 with a message naming the first
+// entry out of range or repeated. For the host copy, before it goes up.
+int attention_validate_row_order(const int32_t *order, int num_seqs);
+
 // num_threads, in all three: 0 = one per online CPU (the calling thread
 // alone when the batch is small), 1 = the calling thread only, n = at most n.
 

@@ -366,3 +366,27 @@ Test(attention, a_refused_call_writes_nothing) {
         cr_expect_eq(bits, POISON_F32_BITS, "out[%d] was written", i);
     }
 }
+
+// ---- decode attention version 7's row order (made on the host) ---------------------
+
+Test(attention, the_row_order_is_longest_first_ties_by_row) {
+    const int32_t lens[7] = {5, 900, 5, 0, 37, 900, -3};
+    int32_t order[7];
+    cr_assert_eq(attention_row_order_longest_first(lens, 7, order), 0, "%s", mv_last_error());
+    // 900 (rows 1, 5), 37 (row 4), 5 (rows 0, 2), then 0 and -3 (counted as 0: rows 3, 6).
+    const int32_t want[7] = {1, 5, 4, 0, 2, 3, 6};
+    for (int k = 0; k < 7; k++) cr_expect_eq(order[k], want[k], "order[%d] = %d, want %d", k, order[k], want[k]);
+    cr_expect_eq(attention_validate_row_order(order, 7), 0, "%s", mv_last_error());
+    cr_expect_eq(attention_row_order_longest_first(lens, 0, NULL), 0);
+    expect_error(attention_row_order_longest_first(NULL, 3, order), "NULL given");
+    expect_error(attention_row_order_longest_first(lens, -1, order), "num_seqs must be >= 0, got -1");
+}
+
+Test(attention, a_row_order_that_is_not_a_permutation_is_refused) {
+    const int32_t twice[4] = {2, 0, 2, 1}, outside[4] = {0, 1, 4, 2}, negative[3] = {0, -1, 1};
+    expect_error(attention_validate_row_order(twice, 4), "row_order[2] = 2 names row 2 a second time");
+    expect_error(attention_validate_row_order(outside, 4), "row_order[2] = 4 is outside [0, 4)");
+    expect_error(attention_validate_row_order(negative, 3), "row_order[1] = -1 is outside [0, 3)");
+    expect_error(attention_validate_row_order(NULL, 2), "the row order is NULL for 2 rows");
+    cr_expect_eq(attention_validate_row_order(NULL, 0), 0);
+}

@@ -255,6 +255,7 @@ typedef struct {
     bf16_t *kv;         // [T_k, 2 * Hkv * D]: k row, then v row
     bf16_t *k_cache, *v_cache;  // [nb, bs, Hkv, D]
     int32_t *cu_q, *cu_k, *ctx, *tables;
+    int32_t *order;     // [S]: the rows longest first (decode version 7)
     bf16_t *out;        // [T_q, H, D]
     bf16_t *out_dec;    // [S, H, D]
     void *ws;           // split decode workspace for ATTN_DECODE_MAX_SPLITS pieces
@@ -286,6 +287,16 @@ static int32_t *upload_i32(const int32_t *src, size_t n) {
     return d;
 }
 
+// The rows' longest-first order (reference/attention.h), on the device.
+static int32_t *upload_order(const int32_t *lens, int S) {
+    int32_t *order = mv_xmalloc(sizeof(int32_t) * (S > 0 ? S : 1));
+    MV_CHECK(attention_row_order_longest_first(lens, S, order));
+    MV_CHECK(attention_validate_row_order(order, S));
+    int32_t *d = upload_i32(order, (size_t)(S > 0 ? S : 1));
+    free(order);
+    return d;
+}
+
 static void dcase_upload(dcase_t *d, const attn_case_t *c, const float *q_dec) {
     memset(d, 0, sizeof *d);
     d->S = c->num_seqs, d->H = c->num_heads, d->Hkv = c->num_kv_heads, d->D = c->head_dim;
@@ -307,6 +318,7 @@ static void dcase_upload(dcase_t *d, const attn_case_t *c, const float *q_dec) {
     d->cu_q = upload_i32(c->cu_seqlens_q, (size_t)d->S + 1);
     d->cu_k = upload_i32(c->cu_seqlens_k, (size_t)d->S + 1);
     d->ctx = upload_i32(c->context_lens, (size_t)d->S);
+    d->order = upload_order(c->context_lens, d->S);
     d->tables = upload_i32(c->block_tables, (size_t)d->S * d->mb);
     d->out = gpu_alloc(sizeof(bf16_t) * (size_t)d->T_q * qrow);
     d->out_dec = gpu_alloc(sizeof(bf16_t) * (size_t)d->S * qrow);
@@ -318,7 +330,7 @@ static void dcase_upload(dcase_t *d, const attn_case_t *c, const float *q_dec) {
 
 static void dcase_free(dcase_t *d) {
     gpu_free(d->q); gpu_free(d->q_dec); gpu_free(d->kv); gpu_free(d->k_cache); gpu_free(d->v_cache);
-    gpu_free(d->cu_q); gpu_free(d->cu_k); gpu_free(d->ctx); gpu_free(d->tables);
+    gpu_free(d->cu_q); gpu_free(d->cu_k); gpu_free(d->ctx); gpu_free(d->tables); gpu_free(d->order);
     gpu_free(d->out); gpu_free(d->out_dec); gpu_free(d->ws);
 }
 
@@ -326,6 +338,7 @@ enum { RUN_PAGED, RUN_VARLEN, RUN_DECODE };
 typedef struct {
     int kind, version, splits, max_ctx_arg;  // max_ctx_arg: what decode is told max_context_len is
     const dcase_t *d;
+    const int32_t *order;  // decode version 7's row order: NULL = the case's longest first (d->order)
 } run_t;
 
 static int run_attn(void *p, cudaStream_t stream) {
@@ -344,8 +357,9 @@ static int run_attn(void *p, cudaStream_t stream) {
                                              scale, stream);
     default:
         return attention_decode_cuda(r->version, r->splits, d->out_dec, d->q_dec, d->q_stride, d->k_cache,
-                                     d->v_cache, d->ctx, d->tables, d->S, r->max_ctx_arg, d->H, d->Hkv, d->D, d->bs,
-                                     d->nb, d->mb, scale, d->ws, d->ws_bytes, stream);
+                                     d->v_cache, d->ctx, d->tables, r->order ? r->order : d->order, d->S,
+                                     r->max_ctx_arg, d->H, d->Hkv, d->D, d->bs, d->nb, d->mb, scale, d->ws,
+                                     d->ws_bytes, stream);
     }
 }
 
@@ -418,7 +432,7 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
     const tolerance_t tf = tol_flash(d.max_abs_v);
     for (int v = 1; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
         const tolerance_t tol = v >= 2 ? tf : TOL_GPU;  // versions 2 and up: flash, P in bf16
-        run_t r = {RUN_PAGED, v, 0, 0, &d};
+        run_t r = {RUN_PAGED, v, 0, 0, &d, NULL};
         check_run(h, case_name, &r, ref, tol, shape, 0);
         r.kind = RUN_VARLEN;
         check_run(h, case_name, &r, ref, tol, shape, 0);
@@ -426,17 +440,18 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
     // Decode: version 1; version 2 unsplit, in 3 pieces (odd: pieces that
     // start past a short sequence's end), in the automatic number, and in 3
     // pieces with max_context_len an upper bound (what a CUDA graph passes).
-    run_t r = {RUN_DECODE, 1, 0, d.max_ctx, &d};
+    run_t r = {RUN_DECODE, 1, 0, d.max_ctx, &d, NULL};
     check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
     // Version 3 the same, and with the bound of a decode graph (pieces cut
     // from each sequence's own context: the bound must change nothing).
     // Version 5 is version 4 with the reduction's loads first, version 6
-    // version 4 with its keys and values through a ring in shared memory:
-    // the bits of both must be version 4's.
+    // version 4 with its keys and values through a ring in shared memory,
+    // version 7 version 6 started longest row first: the bits of all three
+    // must be version 4's.
     const int splits[3] = {1, 3, 0};
     for (int v = 2; v <= ATTN_DECODE_NUM_VERSIONS; v++) {
         for (int i = 0; i < 3; i++) {
-            r = (run_t){RUN_DECODE, v, splits[i], d.max_ctx, &d};
+            r = (run_t){RUN_DECODE, v, splits[i], d.max_ctx, &d, NULL};
             bf16_t *got = check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, v >= 5);
             if (got && harness_kernel_wanted(h, 4)) {
                 r.version = 4;
@@ -446,20 +461,21 @@ static void check_gpu_case(harness_t *h, const char *case_name, const attn_case_
                 snprintf(what, sizeof what, "decode %s splits=%d: the bits of %s, %s", attention_decode_version_name(v),
                          splits[i], attention_decode_version_name(4), shape);
                 harness_check_bool(h, "gpu", case_name, what, memcmp(got, want, n * sizeof(bf16_t)) == 0,
-                                   v == 5 ? "the reduction's version 2 takes version 1's sums in the same order"
-                                          : "the ring hands each thread the vectors version 4 loads, in its order");
+                                   v == 5   ? "the reduction's version 2 takes version 1's sums in the same order"
+                                   : v == 6 ? "the ring hands each thread the vectors version 4 loads, in its order"
+                                            : "the same pieces and sums, started in another order");
                 free(want);
             }
             free(got);
         }
-        r = (run_t){RUN_DECODE, v, 3, d.max_ctx + 1000, &d};
+        r = (run_t){RUN_DECODE, v, 3, d.max_ctx + 1000, &d, NULL};
         check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
         if (big) {  // many pieces on a long context
-            r = (run_t){RUN_DECODE, v, ATTN_DECODE_MAX_SPLITS, d.max_ctx, &d};
+            r = (run_t){RUN_DECODE, v, ATTN_DECODE_MAX_SPLITS, d.max_ctx, &d, NULL};
             check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
         }
     }
-    r = (run_t){RUN_DECODE, 3, 16, 4096 > d.max_ctx ? 4096 : d.max_ctx, &d};
+    r = (run_t){RUN_DECODE, 3, 16, 4096 > d.max_ctx ? 4096 : d.max_ctx, &d, NULL};
     check_run(h, case_name, &r, ref_dec, TOL_GPU, shape, 0);
     dcase_free(&d);
     free(ref); free(ref_dec); free(q_dec);
@@ -490,6 +506,89 @@ static void check_gpu_long(harness_t *h, rng_t *rng, int block_size, int H, int 
     MV_CHECK(attn_case_make(&c, rng, specs, 4, H, Hkv, D, block_size));
     check_gpu_case(h, small ? "long (small: --checks-only)" : "long", &c, 1);
     attn_case_free(&c);
+}
+
+// Version 7's row order, where the launcher takes it: 160 rows of mixed
+// lengths (1,280 blocks of (row, kv head) unsplit, more than one wave on a
+// GPU of up to 426 SMs at 3 blocks a SM), unsplit, in 3 pieces and in the
+// automatic pieces. Any permutation gives version 4's bits: longest first
+// (the engine's), its reverse, and a random one; each also against the CPU.
+static void check_gpu_order(harness_t *h, rng_t *rng) {
+    enum { S = 160 };
+    attn_seq_spec_t specs[S];
+    for (int s = 0; s < S; s++) {
+        const int ctx = s % 17 == 0 ? rng_int(rng, 600, 900) : rng_int(rng, 1, 300);
+        specs[s] = (attn_seq_spec_t){1, ctx, -1, 0};
+    }
+    attn_case_t c;
+    MV_CHECK(attn_case_make(&c, rng, specs, S, 16, 8, 128, 16));
+    const size_t n_dec = (size_t)S * 16 * 128;
+    float *ref = mv_xmalloc(sizeof(float) * n_dec), *q_dec = mv_xmalloc(sizeof(float) * n_dec);
+    attn_case_last_rows(&c, q_dec, c.q, sizeof(float));
+    MV_CHECK(attention_decode_cpu(ref, q_dec, c.k_cache, c.v_cache, c.context_lens, c.block_tables, S, 16, 8, 128, 16,
+                                  c.num_blocks, c.max_blocks, c.scale, 0));
+    dcase_t d;
+    dcase_upload(&d, &c, q_dec);
+    int32_t order[S], *h_order = mv_xmalloc(sizeof(int32_t) * S);
+    gpu_download(h_order, d.order, sizeof(int32_t) * S);
+    for (int k = 0; k < S; k++) order[k] = h_order[S - 1 - k];  // shortest first
+    int32_t *d_reverse = upload_i32(order, S);
+    for (int k = 0; k < S; k++) order[k] = k;
+    for (int k = S - 1; k > 0; k--) {
+        const int j = rng_int(rng, 0, k);
+        const int32_t t = order[k];
+        order[k] = order[j], order[j] = t;
+    }
+    MV_CHECK(attention_validate_row_order(order, S));
+    int32_t *d_shuffled = upload_i32(order, S);
+    // The engine's order is sorted: each row no shorter than the next.
+    int sorted = 1;
+    for (int k = 0; k + 1 < S; k++) sorted &= c.context_lens[h_order[k]] >= c.context_lens[h_order[k + 1]];
+    harness_check_bool(h, "cpu", "row order", "attention_row_order_longest_first: every row once, longest first",
+                       sorted && !attention_validate_row_order(h_order, S), "160 rows of 1..900 keys");
+    char shape[96];
+    snprintf(shape, sizeof shape, "S=%d ctx=1..900 H=16/8 D=128 bs=16", S);
+    const int splits[3] = {1, 3, 0};
+    const struct { const int32_t *order; const char *name; } orders[3] = {
+        {NULL, "longest first"}, {d_reverse, "shortest first"}, {d_shuffled, "a random order"}};
+    for (int i = 0; i < 3; i++) {
+        run_t r4 = {RUN_DECODE, 4, splits[i], d.max_ctx, &d, NULL};
+        size_t n;
+        bf16_t *want = harness_kernel_wanted(h, 4) && harness_kernel_wanted(h, 7) ? run_once(&r4, &n) : NULL;
+        for (int o = 0; o < 3; o++) {
+            run_t r = {RUN_DECODE, 7, splits[i], d.max_ctx, &d, orders[o].order};
+            char case_name[48];
+            snprintf(case_name, sizeof case_name, "row order, %s", orders[o].name);
+            bf16_t *got = check_run(h, case_name, &r, ref, TOL_GPU, shape, 1);
+            if (got && want) {
+                char what[160];
+                snprintf(what, sizeof what, "decode %s splits=%d, %s: the bits of %s", attention_decode_version_name(7),
+                         splits[i], orders[o].name, attention_decode_version_name(4));
+                harness_check_bool(h, "gpu", "row order", what, memcmp(got, want, n * sizeof(bf16_t)) == 0, shape);
+            }
+            free(got);
+        }
+        free(want);
+    }
+    // A bad order is refused on the host, naming the entry.
+    order[5] = order[9];
+    int rc = attention_validate_row_order(order, S);
+    char detail[320];
+    snprintf(detail, sizeof detail, "%s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "row order", "attention_validate_row_order: a row named twice is refused",
+                       rc && strstr(mv_last_error(), "a second time") != NULL, detail);
+    order[5] = S;
+    rc = attention_validate_row_order(order, S);
+    snprintf(detail, sizeof detail, "%s", rc ? mv_last_error() : "accepted (wrong)");
+    harness_check_bool(h, "cpu", "row order", "attention_validate_row_order: a row out of range is refused",
+                       rc && strstr(mv_last_error(), "row_order[5] = 160 is outside") != NULL, detail);
+    gpu_free(d_reverse);
+    gpu_free(d_shuffled);
+    free(h_order);
+    dcase_free(&d);
+    attn_case_free(&c);
+    free(ref);
+    free(q_dec);
 }
 
 static void expect_gpu_error(harness_t *h, const char *what, int rc, const char *must_mention) {
@@ -527,24 +626,24 @@ static void check_gpu_rejections(harness_t *h) {
                      attention_prefill_varlen_cuda(1, buf, buf, 4096, buf, 2048, buf, 2048, ibuf, ibuf, 1, 1, 16, 8,
                                                    256, sc, 0),
                      "head_dim 256 is not supported");
-    expect_gpu_error(h, "decode version 7",
-                     attention_decode_cuda(7, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+    expect_gpu_error(h, "decode version 8",
+                     attention_decode_cuda(8, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
                                            NULL, 0, 0),
-                     "unknown version 7");
+                     "unknown version 8");
     expect_gpu_error(h, "decode version 1 asked to split",
-                     attention_decode_cuda(1, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                     attention_decode_cuda(1, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
                                            NULL, 0, 0),
                      "version 1 does not split");
     expect_gpu_error(h, "decode 65 splits",
-                     attention_decode_cuda(2, 65, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                     attention_decode_cuda(2, 65, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
                                            NULL, 0, 0),
                      "num_splits 65 outside");
     expect_gpu_error(h, "decode split without workspace",
-                     attention_decode_cuda(2, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4, 1, sc,
+                     attention_decode_cuda(2, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
                                            NULL, 0, 0),
                      "need");
     expect_gpu_error(h, "decode block_size 512",
-                     attention_decode_cuda(2, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 512, 4, 1,
+                     attention_decode_cuda(2, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 512, 4, 1,
                                            sc, NULL, 0, 0),
                      "block_size 512 is not supported");
     expect_gpu_error(h, "version 2 with a misaligned q row stride",
@@ -556,23 +655,23 @@ static void check_gpu_rejections(harness_t *h) {
     const rope_cache_gpu_t cache = {(float *)buf, 16, 128};
     const attention_decode_rope_t rope = {buf, buf, ibuf, &cache, ibuf, 1e-6f};
     expect_gpu_error(h, "decode+rope without its arguments",
-                     attention_decode_rope_cuda(4, 0, buf, buf, NULL, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                     attention_decode_rope_cuda(4, 0, buf, buf, NULL, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
                                                 16, 4, 1, sc, NULL, 0, 0),
                      "no q/k norm and RoPE arguments");
-    expect_gpu_error(h, "decode+rope version 7",
-                     attention_decode_rope_cuda(7, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+    expect_gpu_error(h, "decode+rope version 8",
+                     attention_decode_rope_cuda(8, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
                                                 16, 4, 1, sc, NULL, 0, 0),
-                     "unknown version 7");
+                     "unknown version 8");
     expect_gpu_error(h, "decode+rope block_size 8",
-                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
                                                 8, 4, 1, sc, NULL, 0, 0),
                      "block_size 8 is not supported");
     expect_gpu_error(h, "decode+rope 65 splits",
-                     attention_decode_rope_cuda(4, 65, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, 1, 16, 16, 8, 128,
+                     attention_decode_rope_cuda(4, 65, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
                                                 16, 4, 1, sc, NULL, 0, 0),
                      "num_splits 65 outside");
     expect_gpu_error(h, "decode+rope one buffer for K and V",
-                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf, ibuf, ibuf, 1, 16, 16, 8, 128, 16, 4,
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
                                                 1, sc, NULL, 0, 0),
                      "different buffers");
     gpu_free(buf);
@@ -635,6 +734,7 @@ static void dcase_make_big(dcase_t *d, rng_t *rng, int S, int n, int ctx, int mi
     d->cu_q = upload_i32(cu_q, (size_t)S + 1);
     d->cu_k = upload_i32(cu_k, (size_t)S + 1);
     d->ctx = upload_i32(lens, (size_t)S);
+    d->order = upload_order(lens, S);
     d->tables = upload_i32(tables, (size_t)d->nb);
     d->out = gpu_alloc(sizeof(bf16_t) * (size_t)d->T_q * qrow);
     d->out_dec = gpu_alloc(sizeof(bf16_t) * (size_t)S * qrow);
@@ -679,10 +779,10 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, d
         snprintf(shape, sizeof shape, "S=%d ctx=%d H=%d/%d D=%d bs=%d auto splits %d", S, ctx, H, Hkv, D, bs,
                  auto_splits);
     const double bytes = (double)d.sum_ctx * Hkv * D * 2.0 * 2.0;
-    run_t r1 = {RUN_DECODE, 1, 0, ctx, &d};
+    run_t r1 = {RUN_DECODE, 1, 0, ctx, &d, NULL};
     float *ref = gpu_reference(&r1);
     const tolerance_t tol = tol_vs_v1(0, d.max_abs_v);
-    run_t runs[2] = {{RUN_DECODE, 2, 0, ctx, &d}, {RUN_DECODE, 2, 1, ctx, &d}};
+    run_t runs[2] = {{RUN_DECODE, 2, 0, ctx, &d, NULL}, {RUN_DECODE, 2, 1, ctx, &d, NULL}};
     const int nruns = auto_splits > 1 ? 2 : 1;
     for (int i = 0; i < nruns; i++) check_run(h, case_name, &runs[i], ref, tol, shape, 0);
     char label[64];
@@ -700,7 +800,7 @@ static void time_decode(harness_t *h, rng_t *rng, int S, int ctx, int min_ctx, d
     const int bound = ctx > 4096 ? ctx : 4096, graph_splits = attention_decode_num_splits(S, Hkv, bound, bs);
     for (int v = 2; v <= ATTN_DECODE_NUM_VERSIONS; v++) {
         if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
-        run_t rg = {RUN_DECODE, v, v >= 4 ? 0 : graph_splits, bound, &d};
+        run_t rg = {RUN_DECODE, v, v >= 4 ? 0 : graph_splits, bound, &d, NULL};
         check_run(h, case_name, &rg, ref, tol, shape, 0);
         if (v >= 4) snprintf(label, sizeof label, "%s, automatic, bound %d", attention_decode_version_name(v), bound);
         else
@@ -728,7 +828,7 @@ typedef struct {
     rope_cache_gpu_t d_cache;
     // two sets of device buffers: [0] the two kernels, [1] the one
     bf16_t *qkv[2], *kc[2], *vc[2], *out[2], *w;
-    int32_t *d_lens, *d_tables, *d_pos, *d_slots;
+    int32_t *d_lens, *d_tables, *d_pos, *d_slots, *d_order;  // d_order: longest first (version 7)
     void *ws;
     size_t ws_bytes;
 } rcase_t;
@@ -803,6 +903,7 @@ static void rcase_make(rcase_t *c, rng_t *rng, int S, int H, int Hkv, int D, int
     }
     free(hp);
     c->d_lens = upload_i32(c->lens, (size_t)S);
+    c->d_order = upload_order(c->lens, S);
     c->d_tables = upload_i32(c->tables, (size_t)S * c->mb);
     c->d_pos = upload_i32(c->pos, (size_t)S);
     c->d_slots = upload_i32(c->slots, (size_t)S);
@@ -814,6 +915,7 @@ static void rcase_make(rcase_t *c, rng_t *rng, int S, int H, int Hkv, int D, int
 static void rcase_free(rcase_t *c) {
     for (int i = 0; i < 2; i++) gpu_free(c->qkv[i]), gpu_free(c->kc[i]), gpu_free(c->vc[i]), gpu_free(c->out[i]);
     gpu_free(c->w); gpu_free(c->d_lens); gpu_free(c->d_tables); gpu_free(c->d_pos); gpu_free(c->d_slots);
+    gpu_free(c->d_order);
     gpu_free(c->ws);
     rope_cache_gpu_free(&c->d_cache);
     rope_cache_free(&c->cache);
@@ -842,13 +944,13 @@ static int run_rope(void *p, cudaStream_t stream) {
     const attention_decode_rope_t rope = {c->w, c->w + c->D, c->d_pos, &c->d_cache, c->d_slots, 1e-6f};
     if (i == 1)
         return attention_decode_rope_cuda(r->version, r->splits, c->out[1], c->qkv[1], &rope, c->kc[1], c->vc[1],
-                                          c->d_lens, c->d_tables, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs,
-                                          c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
+                                          c->d_lens, c->d_tables, c->d_order, c->S, r->max_ctx_arg, c->H, c->Hkv,
+                                          c->D, c->bs, c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
     return qk_norm_rope_store_cuda(c->qkv[0], c->w, c->w + c->D, c->d_pos, &c->d_cache, c->kc[0], c->vc[0],
                                    c->d_slots, c->S, c->H, c->Hkv, c->D, 1e-6f, c->bs, c->nb, stream) ||
            attention_decode_cuda(r->version, r->splits, c->out[0], c->qkv[0], c->qkv_stride, c->kc[0], c->vc[0],
-                                 c->d_lens, c->d_tables, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs, c->nb,
-                                 c->mb, scale, c->ws, c->ws_bytes, stream);
+                                 c->d_lens, c->d_tables, c->d_order, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs,
+                                 c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
 }
 
 static int same_device_bytes(const void *a, const void *b, size_t n) {
@@ -982,7 +1084,7 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
     const double flops = 4.0 * D * H * causal_pairs(S, n, n);
     // The packed keys (d.kv) hold other random values than the paged caches,
     // so each layout is checked against version 1 in the same layout.
-    run_t r1 = {RUN_PAGED, 1, 0, 0, &d}, r1_varlen = {RUN_VARLEN, 1, 0, 0, &d};
+    run_t r1 = {RUN_PAGED, 1, 0, 0, &d, NULL}, r1_varlen = {RUN_VARLEN, 1, 0, 0, &d, NULL};
     float *ref = gpu_reference(&r1), *ref_varlen = gpu_reference(&r1_varlen);
     const tolerance_t tol = tol_vs_v1(1, d.max_abs_v);
     char label[64];
@@ -991,7 +1093,7 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
     // Every flash version (2 and up), paged and varlen: checked, then timed.
     for (int v = 2; v <= ATTN_PREFILL_NUM_VERSIONS; v++) {
         if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
-        run_t paged = {RUN_PAGED, v, 0, 0, &d}, varlen = {RUN_VARLEN, v, 0, 0, &d};
+        run_t paged = {RUN_PAGED, v, 0, 0, &d, NULL}, varlen = {RUN_VARLEN, v, 0, 0, &d, NULL};
         check_run(h, case_name, &paged, ref, tol, shape, 0);
         check_run(h, case_name, &varlen, ref_varlen, tol, shape, 0);
         snprintf(label, sizeof label, "paged %s", attention_prefill_version_name(v));
@@ -1040,17 +1142,20 @@ int main(int argc, char **argv) {
         // sanitizer slows kernels 10-100x.
         check_gpu_long(&h, &rng, 16, 16, 8, 128, h.checks_only);
         check_gpu_long(&h, &rng, 64, 8, 2, 64, h.checks_only);
+        harness_section(&h, "Decode version 7's row order: any order gives version 4's bits");
+        check_gpu_order(&h, &rng);
         harness_section(&h, "CUDA launchers: bad arguments are refused with a message");
         check_gpu_rejections(&h);
         harness_section(&h, "Decode with q/k norm, RoPE and the KV store (attention_decode_rope_cuda) against "
                             "qk_norm_rope_store + decode, bit for bit, and the CPU reference");
         // {S, H, Hkv, D, bs, min_ctx, max_ctx}: Qwen3-0.6B's heads, the tiny
         // checkpoints' head_dim 64, GQA 1 and 8, a group of 3 (two kernels:
-        // one CTA does not cover a kv head), long rows in many pieces.
+        // one CTA does not cover a kv head), long rows in many pieces, and
+        // 160 rows, more blocks than one wave (version 7 takes its order).
         static const struct { int S, H, Hkv, D, bs, lo, hi; } rc[] = {
             {1, 16, 8, 128, 16, 1, 1},   {2, 16, 8, 128, 16, 2, 40},  {9, 16, 8, 128, 16, 2, 300},
             {9, 4, 2, 64, 32, 2, 200},   {5, 4, 4, 128, 16, 2, 100},  {5, 8, 1, 64, 64, 2, 130},
-            {5, 6, 2, 64, 16, 2, 90},    {4, 16, 8, 128, 256, 900, 1500},
+            {5, 6, 2, 64, 16, 2, 90},    {4, 16, 8, 128, 256, 900, 1500}, {160, 16, 8, 128, 16, 2, 300},
         };
         for (size_t i = 0; i < sizeof rc / sizeof rc[0]; i++)
             check_decode_rope(&h, &rng, rc[i].S, rc[i].H, rc[i].Hkv, rc[i].D, rc[i].bs, rc[i].lo, rc[i].hi);

@@ -1781,6 +1781,18 @@ def read_ceiling():
     return d["gpu"], d["copy_gbs"], best("linear"), best("kv")
 
 
+def decode_automatic_by_case(d, versions):
+    """Chapter 07's decode timings as a graph launches them (automatic pieces): {case: {"v4": timing, ...}} for the
+    versions named (their short names, "v4", "v6", ...)."""
+    by = {}
+    for x in d["timings"]:
+        if x["case"].startswith("decode ") and "automatic" in x["version"]:
+            v = x["version"].split("-")[0]
+            if v in versions:
+                by.setdefault(x["case"], {})[v] = x
+    return by
+
+
 def render_ring_ch07(d):
     """Decode attention version 6 (the ring) against version 4 in run 120's chapter 07 (json/07-attention.v6-h100.json),
     against the read ceiling of run 117 (json/read-probe.h100.json), with run 120's sanitizers."""
@@ -1789,12 +1801,7 @@ def render_ring_ch07(d):
     if not rc or "07 v6 memcheck" not in tools or "07 v6 racecheck" not in tools:
         return None
     gpu, copy, lin, kvb = rc
-    by = {}
-    for x in d["timings"]:
-        if x["case"].startswith("decode ") and "automatic" in x["version"]:
-            v = x["version"].split("-")[0]
-            if v in ("v4", "v6"):
-                by.setdefault(x["case"], {})[v] = x
+    by = decode_automatic_by_case(d, ("v4", "v6"))
     v6 = [c for c in d["checks"] if "v6" in c.get("version", "")]
     out = [f"`{d['command'].replace('/tmp/r5/07-attention.json', 'FILE')}` on **{d['gpu']['name']}**, {d['date'][:10]} "
            f"(run 120, `docs/results/09-engine-run115.txt`): {d['n_checks'] - d['n_failed']} of {d['n_checks']} checks "
@@ -1820,6 +1827,25 @@ def render_ring_ch07(d):
     return "\n".join(out) + "\n"
 
 
+def decode_ab_head(g, run, old, new):
+    """The lines before an engine A/B of decode attention versions old and new (g: one of its bench JSONs)."""
+    return [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{g['gpu']}**, "
+            f"{g['date'][:10]} (run {run}, the tree that became the commit of version {new}, labelled {g['commit']}), "
+            f"with `MV_DECODE_ATTENTION={old}` and `={new}` alternated in one call. Output tok/s:", "",
+            f"| run | version {old} | version {new} | {new} / {old} |", "| --- | ---: | ---: | ---: |"]
+
+
+def default_verdicts(when, ec, tools):
+    """The lines after an engine A/B: engine_check's verdict at the new default and compute-sanitizer's over a
+    generate run (tools: {what: (exit status, summary, ...)})."""
+    out = ["", f"{when}: `build/engine_check --device cuda` {ec[1]} PASS, {ec[2]} FAIL; compute-sanitizer over "
+           f"`minivllm generate --model tests/data/tiny-qwen3-mha --device cuda --input tests/gpu/options.jsonl "
+           f"--max-num-seqs 8`:", "", "| tool | exit status | summary |", "| --- | --- | --- |"]
+    for tool in ("memcheck generate", "racecheck generate"):
+        out.append(f"| {tool.split()[0]} | {tools[tool][0]} | {tools[tool][1]} |")
+    return out
+
+
 def render_ring_engine():
     """The engine with decode attention version 4 and version 6 (MV_DECODE_ATTENTION=4|6), run 120
     (json/09-engine.r120-*.json), with its engine_check and sanitizers at the new default."""
@@ -1828,25 +1854,126 @@ def render_ring_engine():
     tools, ec = run120_verdicts()
     if not all(wl.values()) or not all(lat.values()) or ec is None or "memcheck generate" not in tools:
         return None
-    g = wl[6, 1]
     w4, w6 = [wl[4, r] for r in (1, 2)], [wl[6, r] for r in (1, 2)]
     mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
-    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{g['gpu']}**, "
-           f"{g['date'][:10]} (run 120, the tree that became the commit of version 6, labelled {g['commit']}), with "
-           f"`MV_DECODE_ATTENTION=4` and `=6` alternated in one call. Output tok/s:", "",
-           "| run | version 4 | version 6 | 6 / 4 |", "| --- | ---: | ---: | ---: |",
+    out = decode_ab_head(wl[6, 1], 120, 4, 6) + [
            f"| nano-vllm's workload, greedy (`--input W --repeat 1`), rounds 1 / 2 | {tok_cell(w4)} | {tok_cell(w6)} | "
            f"{100 * mean(w6) / mean(w4):.1f}% |"]
     for b in (8, 16, 32, 64, 128, 256):
         out.append(f"| latency, {b} rows (1,024 + 128, `--repeat 2`) | {lat_cell([lat[4]], b)} | "
                    f"{lat_cell([lat[6]], b)} | {100 * lat_mean([lat[6]], b) / lat_mean([lat[4]], b):.1f}% |")
-    out += ["", f"In the same call at the new default (version 6): `build/engine_check --device cuda` {ec[1]} PASS, "
-            f"{ec[2]} FAIL; compute-sanitizer over `minivllm generate --model tests/data/tiny-qwen3-mha --device cuda "
-            f"--input tests/gpu/options.jsonl --max-num-seqs 8`:", "", "| tool | exit status | summary |",
-            "| --- | --- | --- |"]
-    for tool in ("memcheck generate", "racecheck generate"):
-        out.append(f"| {tool.split()[0]} | {tools[tool][0]} | {tools[tool][1]} |")
+    return "\n".join(out + default_verdicts("In the same call at the new default (version 6)", ec, tools)) + "\n"
+
+
+RUN122_TXT = os.path.join(HERE, "09-engine-run122.txt")
+RUN122_TOOL = re.compile(r"^(07 v7 memcheck|07 v7 racecheck|memcheck generate|racecheck generate) rc=(\d+) =+ "
+                         r"((?:ERROR|RACECHECK) SUMMARY: .*?)\s+(?:07-attention: .*?)?\(\d+ s\)$")
+RUN122_EC = re.compile(r"^ec default\(v7\) rc=(\d+) PASS (\d+) FAIL (\d+)")
+
+
+def run122_verdicts():
+    """Runs 122 and 123's compute-sanitizer verdicts {what: (exit status, summary, run)} (a later run's verdict
+    replaces an earlier one's) and run 122's engine_check (rc, PASS, FAIL)."""
+    tools, ec = {}, None
+    for run in ("Run 122:", "Run 123:"):
+        for line in run_log_section(RUN122_TXT, run):
+            m = RUN122_TOOL.match(line)
+            if m:
+                tools[m.group(1)] = (int(m.group(2)), m.group(3).strip(), run.split()[1].rstrip(":"))
+            m = RUN122_EC.match(line)
+            if m:
+                ec = tuple(int(x) for x in m.groups())
+    return tools, ec
+
+
+def render_order_ch07(d):
+    """Decode attention version 7 (the rows longest first) against version 6 in run 122's chapter 07
+    (json/07-attention.v7-h100.json), against the read ceiling of run 117 and tests/gpu/tail_model.py's prediction
+    (json/07-attention.tail-model.json), with the sanitizers of runs 122 and 123."""
+    rc, model = read_ceiling(), load("07-attention.tail-model.json")
+    tools, _ = run122_verdicts()
+    if not rc or not model or "07 v7 memcheck" not in tools or "07 v7 racecheck" not in tools:
+        return None
+    gpu, copy, lin, kvb = rc
+    by = decode_automatic_by_case(d, ("v6", "v7"))
+    v7 = [c for c in d["checks"] if "v7" in c.get("version", "") or "row order" in c.get("case", "")]
+    out = [f"`{d['command'].replace('/tmp/r6/07-attention.json', 'FILE')}` on **{d['gpu']['name']}**, {d['date'][:10]} "
+           f"(run 122, `docs/results/09-engine-run122.txt`): {d['n_checks'] - d['n_failed']} of {d['n_checks']} checks "
+           f"passed, {sum(c['pass'] for c in v7)} of {len(v7)} of them on version 7 or its order (among them its bits "
+           f"against version 4's on every case, and in any order on 160 rows). Times as a decode graph launches them "
+           f"(bound 4,096 keys, automatic pieces), against the read ceiling of {lin['gbs']:,.0f} GB/s "
+           f"(`tests/gpu/read_probe.cu`, another {gpu}, run 117); *model*: `tests/gpu/tail_model.py`'s share of the "
+           f"read ceiling for the same kind of case:", "",
+           "| case (rows x keys) | version 6 | version 7 | version 7 / 6 | model: own order | model: longest first |",
+           "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    pred = {(c["rows"], c["keys"][0], c["keys"][1]): c for c in model["cases"]}
+    order = lambda c: (-int(c.split()[1].split("x")[0]), c)
+    for case in sorted(by, key=order):
+        if "v6" not in by[case] or "v7" not in by[case]:
+            continue
+        a, b = by[case]["v6"], by[case]["v7"]
+        rows, keys = case.split()[1].split("x")
+        lo, hi = (int(k) for k in keys.split("-")) if "-" in keys else (int(keys), int(keys))
+        p = pred.get((int(rows), lo, hi))
+        cell = lambda x: f"{x['ms'] * 1e3:.1f} us ({100 * x['gbs'] / lin['gbs']:.1f}% of the read)"
+        m = f"{p['own_order_pct']:.1f}% | {p['longest_first_pct']:.1f}%" if p else " | "
+        out.append(f"| {case.split()[1]} | {cell(a)} | {cell(b)} | {b['ms'] / a['ms']:.3f} | {m} |")
+    out += ["", "compute-sanitizer over `./build/07-attention --checks-only --kernel 7 --summary`:", "",
+            "| tool | run | exit status | summary |", "| --- | --- | --- | --- |"]
+    for tool in ("07 v7 memcheck", "07 v7 racecheck"):
+        st, summary, run = tools[tool]
+        out.append(f"| {tool.split()[2]} | {run} | {st} | {summary} |")
     return "\n".join(out) + "\n"
+
+
+TRACE_BANDS = ((1, 8), (9, 32), (33, 64), (65, 132), (133, 192), (193, 256))
+
+
+def trace_bands(path):
+    """A step trace (minivllm bench --step-trace): [(steps, ms)] of its decode steps in TRACE_BANDS, and the
+    prompt steps' (steps, ms)."""
+    rows = list(csv.DictReader(open(path)))
+    dec = [r for r in rows if int(r["prefill_rows"]) == 0]
+    bands = [(sum(1 for r in dec if lo <= int(r["rows"]) <= hi),
+              sum(float(r["runner_us"]) for r in dec if lo <= int(r["rows"]) <= hi) / 1e3) for lo, hi in TRACE_BANDS]
+    pre = [r for r in rows if int(r["prefill_rows"]) > 0]
+    return bands, (len(pre), sum(float(r["runner_us"]) for r in pre) / 1e3)
+
+
+def render_order_engine():
+    """The engine with decode attention version 6 and version 7 (MV_DECODE_ATTENTION=6|7) alternated, run 123
+    (json/09-engine.r123-*.json, the step traces beside them), with run 122's engine_check and sanitizers at the
+    new default."""
+    wl = {(v, r): load(f"09-engine.r123-wl-a{v}-r{r}.json") for v in (6, 7) for r in (1, 2, 3)}
+    wq = {v: load(f"09-engine.r123-wlq-a{v}.json") for v in (6, 7)}
+    lat = {v: load(f"09-engine.r123-lat-a{v}.json") for v in (6, 7)}
+    traces = {(v, r): os.path.join(JSON_DIR, f"09-engine.r123-trace-a{v}-r{r}.csv") for v in (6, 7) for r in (1, 2, 3)}
+    tools, ec = run122_verdicts()
+    if (not all(wl.values()) or not all(wq.values()) or not all(lat.values()) or ec is None
+            or not all(map(os.path.exists, traces.values())) or "memcheck generate" not in tools):
+        return None
+    w6, w7 = [wl[6, r] for r in (1, 2, 3)], [wl[7, r] for r in (1, 2, 3)]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = decode_ab_head(wl[7, 1], 123, 6, 7) + [
+           f"| nano-vllm's workload, greedy (`--input W --repeat 1 --step-trace FILE`), rounds 1 / 2 / 3 | "
+           f"{tok_cell(w6)} | {tok_cell(w7)} | {100 * mean(w7) / mean(w6):.1f}% |",
+           f"| the same, Qwen3's default sampling (`--sampling qwen3`) | {tok_cell([wq[6]])} | {tok_cell([wq[7]])} | "
+           f"{100 * mean([wq[7]]) / mean([wq[6]]):.1f}% |"]
+    for b in (8, 16, 32, 64, 128, 256):
+        out.append(f"| latency, {b} rows of equal length (1,024 + 128, `--repeat 2`) | {lat_cell([lat[6]], b)} | "
+                   f"{lat_cell([lat[7]], b)} | {100 * lat_mean([lat[7]], b) / lat_mean([lat[6]], b):.1f}% |")
+    tb = {k: trace_bands(p) for k, p in traces.items()}
+    out += ["", "The greedy runs' step traces, decode steps by how many rows they hold (time inside the model runner, "
+            "the three rounds' mean):", "",
+            "| decode rows | steps | version 6 ms | version 7 ms | 7 / 6 |", "| --- | ---: | ---: | ---: | ---: |"]
+    for i, (lo, hi) in enumerate(TRACE_BANDS):
+        a = sum(tb[6, r][0][i][1] for r in (1, 2, 3)) / 3
+        b = sum(tb[7, r][0][i][1] for r in (1, 2, 3)) / 3
+        out.append(f"| {lo} - {hi} | {tb[7, 1][0][i][0]} | {a:,.1f} | {b:,.1f} | {100 * b / a:.1f}% |")
+    a = sum(tb[6, r][1][1] for r in (1, 2, 3)) / 3
+    b = sum(tb[7, r][1][1] for r in (1, 2, 3)) / 3
+    out.append(f"| prompt steps | {tb[7, 1][1][0]} | {a:,.1f} | {b:,.1f} | {100 * b / a:.1f}% |")
+    return "\n".join(out + default_verdicts("In run 122, at the new default (version 7)", ec, tools)) + "\n"
 
 
 WGMMA_PROBE_TXT = os.path.join(HERE, "03-linear-tp-v4-probe.txt")
@@ -2262,6 +2389,10 @@ def blocks():
                 ring = render_ring_ch07(d)
                 if ring:
                     out[f"{ch}:decode-ring"] = (name, ring)
+            if ch == "07-attention.v7-h100":
+                dorder = render_order_ch07(d)
+                if dorder:
+                    out[f"{ch}:decode-order"] = (name, dorder)
             if ch == "07-attention.rope-h100":
                 rope = render_decode_rope_ch07(d)
                 if rope:
@@ -2344,6 +2475,9 @@ def blocks():
     dring = render_ring_engine()
     if dring:
         out["09-engine:decode-ring"] = ("09-engine.r120-wl-a6-r1.json", dring)
+    dord = render_order_engine()
+    if dord:
+        out["09-engine:decode-order"] = ("09-engine.r123-wl-a7-r1.json", dord)
     dre = render_decode_rope_engine()
     if dre:
         out["09-engine:decode-rope"] = ("09-engine.r114-lat-rope1-r1.json", dre)

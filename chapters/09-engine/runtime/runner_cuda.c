@@ -115,6 +115,7 @@
 #include "kernels/rope.h"
 #include "kernels/sampling_opts.h"
 #include "kernels/sampling.h"
+#include "reference/attention.h"
 
 // cuBLAS's recommended workspace on Hopper (32 MiB; 4 MiB is enough before
 // sm_90). Owning it keeps cuBLAS from allocating on its own: its bytes are
@@ -183,6 +184,7 @@ typedef struct {
     uint64_t *seed;         // [Sm]
     int64_t *gen_index;     // [Sm]
     sampling_opts_row_t *opts;  // [Sm] vLLM's other options, per row (all off: sampler_opts_off)
+    int32_t *row_order;     // [Sm] a decode step's rows longest first (decode attention version 7)
     int32_t *sampled;       // [Sm] output ids
     sampling_logprobs_t *lp;    // [Sm] output logprobs of the rows that ask for them
 } step_buffers_t;
@@ -602,6 +604,7 @@ static size_t layout_step(step_buffers_t *b, char *base, int Tm, int Sm, int W) 
     TAKE(seed, uint64_t, Sm);
     TAKE(gen_index, int64_t, Sm);
     TAKE(opts, sampling_opts_row_t, Sm);
+    TAKE(row_order, int32_t, Sm);
     // The outputs last: a decode step uploads everything before them in one copy.
     TAKE(sampled, int32_t, Sm);
     TAKE(lp, sampling_logprobs_t, Sm);
@@ -690,7 +693,8 @@ static const struct {
      "0 (a mixed step's rows all through prefill attention) or 1 (its one-token rows through decode attention, the "
      "default)"},
     {"MV_MEGAKERNEL", "01", "0 (the unfused decode graphs) or 1 (the megakernel, the default)"},
-    {"MV_DECODE_ATTENTION", "346", "3, 4 or 6 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
+    {"MV_DECODE_ATTENTION", "3467",
+     "3, 4, 6 or 7 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
     {"MV_LINEAR_GEMV", "23", "2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the default)"},
     {"MV_STEP_TIMES", "01",
      "0 (off, the default) or 1 (each graphed decode step timed, the means printed at the end)"},
@@ -1068,13 +1072,17 @@ static int tp_allgather(cuda_state_t *s, const bf16_t *d_send, bf16_t *d_recv, s
 #endif
 
 // The decode attention version (kernels/attention.h): ATTN_DECODE_FAST, or
-// MV_DECODE_ATTENTION=3 for version 3, to measure what version 4's pieces
-// change (docs/09-engine.md). Read once.
+// MV_DECODE_ATTENTION=3, 4, 6 or 7, to measure what each version changes
+// (docs/09-engine.md). Read once.
 static int decode_attention_version(void) {
     static int version = 0;
     if (!version) {
         const char *v = getenv("MV_DECODE_ATTENTION");
-        version = v && !strcmp(v, "3") ? 3 : v && !strcmp(v, "4") ? 4 : v && !strcmp(v, "6") ? 6 : ATTN_DECODE_FAST;
+        version = v && !strcmp(v, "3")   ? 3
+                  : v && !strcmp(v, "4") ? 4
+                  : v && !strcmp(v, "6") ? 6
+                  : v && !strcmp(v, "7") ? 7
+                                         : ATTN_DECODE_FAST;
     }
     return version;
 }
@@ -1158,12 +1166,17 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // arrays (cu_seqlens_q holds absolute token offsets: only the whole
     // step, row0 0, has prompts).
     const int Sd = T == S ? S : s->split_mixed ? decode_rows : 0;
+    // A graphed decode step's rows longest first (upload_decode), for
+    // version 7; an eager step, a half or a mixed step keeps the rows' own
+    // order (the same bits: chapter 07 checks version 7 in any order).
+    const int32_t *order = s->fast_decode && !p->half && T == S ? d->row_order : NULL;
     int rca = Sd > 0 && (rope_in_attn ? attention_decode_rope_cuda(decode_attention_version(), 0, attn, qkv_out, &rope,
-                                                                   cl->d_k_cache, cl->d_v_cache, ctx, tables, Sd,
-                                                                   max_context_len, nq, nkv, hd, bs, nb, s->max_blocks,
-                                                                   scale, p->attn_ws, p->attn_ws_bytes, st)
+                                                                   cl->d_k_cache, cl->d_v_cache, ctx, tables, order,
+                                                                   Sd, max_context_len, nq, nkv, hd, bs, nb,
+                                                                   s->max_blocks, scale, p->attn_ws, p->attn_ws_bytes,
+                                                                   st)
                                       : attention_decode_cuda(decode_attention_version(), 0, attn, qkv_out, qkv_n,
-                                                              cl->d_k_cache, cl->d_v_cache, ctx, tables, Sd,
+                                                              cl->d_k_cache, cl->d_v_cache, ctx, tables, order, Sd,
                                                               max_context_len, nq, nkv, hd, bs, nb, s->max_blocks,
                                                               scale, p->attn_ws, p->attn_ws_bytes, st));
     if (!rca && Sd < S)
@@ -1516,6 +1529,10 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
     }
     h->cu_seqlens_q[Sg] = Sg;
     h->cu_last[Sg] = Sg;
+    // Decode attention version 7 starts the rows' blocks longest first
+    // (kernels/attention.h); the padding rows (one key) come last.
+    if (decode_attention_version() == 7 && attention_row_order_longest_first(h->context_lens, Sg, h->row_order))
+        return mv_error_prefix("the row order of a decode step of %d rows", Sg);
     const int packed = !s->upload_arrays;
     if (s->layout.tp_rank == 0 ? upload_opts(s, sp, S, Sg, packed) : (upload_opts(s, NULL, 0, Sg, 1), 0)) return -1;
     // One copy of the packed layout up to its outputs: every input array's
@@ -1544,6 +1561,7 @@ static int upload_decode(const model_runner_t *r, cuda_state_t *s, const runner_
         {s->d.top_p, h->top_p, (size_t)Sg * sizeof(float)},
         {s->d.seed, h->seed, (size_t)Sg * sizeof(uint64_t)},
         {s->d.gen_index, h->gen_index, (size_t)Sg * sizeof(int64_t)},
+        {s->d.row_order, h->row_order, (size_t)Sg * sizeof(int32_t)},
     };
     for (size_t k = 0; k < sizeof parts / sizeof *parts; k++)
         if (CUDA_TRY(cudaMemcpyAsync(parts[k].d, parts[k].h, parts[k].bytes, cudaMemcpyHostToDevice, s->stream)))
