@@ -19,7 +19,11 @@ its share of the read ceiling. Two orders: the rows' own (random lengths, as nan
 workload has them) and longest first (version 7). Pieces, where asked, are version 4's: each
 row cut into 8 pieces of at least 256 keys (whole multiples of 256).
 
-Run: python3 tests/gpu/tail_model.py [--json FILE]. Deterministic (seeded); needs no GPU.
+With --bands, also the question version 7 leaves open: with the rows longest first, do version
+4's pieces from 33 to 132 rows still pay? Each block then pays a fixed cost (its start, queries
+and combine, in which it reads nothing), and a split launch its reduction kernel (4 us).
+
+Run: python3 tests/gpu/tail_model.py [--bands] [--json FILE]. Deterministic (seeded); needs no GPU.
 """
 import argparse
 import json
@@ -32,21 +36,27 @@ KV_HEADS = 8
 KEY_BYTES = 512        # K and V of one key of one kv head: 2 * 128 * 2 bytes
 
 
-def launch_us(blocks, slots=SLOTS, read=READ_GBS, top=BLOCK_GBS):
-    """Microseconds for blocks (bytes each, in start order) on `slots` slots."""
-    waiting, running, t = list(blocks), [], 0.0
+def launch_us(blocks, slots=SLOTS, read=READ_GBS, top=BLOCK_GBS, fixed_us=0.0):
+    """Microseconds for blocks (bytes each, in start order) on `slots` slots. fixed_us: what each block spends
+    reading nothing (its start, its queries, its combine), first, on its slot."""
+    waiting, running, t = list(blocks), [], 0.0  # running: [fixed us left, bytes left]
     while waiting and len(running) < slots:
-        running.append(waiting.pop(0))
+        running.append([fixed_us, waiting.pop(0)])
     while running:
-        rate = min(top, read / len(running)) * 1e3  # bytes a microsecond, each running block
-        step = min(running)
-        t += step / rate
-        running = [b - step for b in running]
-        done = sum(1 for b in running if b <= 1e-9)
-        running = [b for b in running if b > 1e-9]
+        reading = sum(1 for f, _ in running if f <= 0)
+        rate = min(top, read / max(reading, 1)) * 1e3  # bytes a microsecond, each reading block
+        step = min([f for f, _ in running if f > 0] + [b / rate for f, b in running if f <= 0])
+        t += step
+        for x in running:
+            if x[0] > 0:
+                x[0] -= step
+            else:
+                x[1] -= step * rate
+        done = sum(1 for f, b in running if f <= 1e-9 and b <= 1e-6)
+        running = [x for x in running if not (x[0] <= 1e-9 and x[1] <= 1e-6)]
         for _ in range(done):
             if waiting:
-                running.append(waiting.pop(0))
+                running.append([fixed_us, waiting.pop(0)])
     return t
 
 
@@ -71,9 +81,25 @@ def case(rows, lo, hi, rng, split=False):
             "longest_first_us": round(longest, 1), "longest_first_pct": round(100 * ideal / longest, 1)}
 
 
+def band(rows, rng, fixed_us, reduce_us=4.0):
+    """Version 7 longest first at `rows` rows of U[100, 2048] keys: unsplit against version 4's pieces (8 of at
+    least 256 keys, and of at least 512), each block paying fixed_us, a split launch also its reduction kernel."""
+    lens = [rng.randint(100, 2048) for _ in range(rows)]
+    ideal = sum(lens) * KV_HEADS * KEY_BYTES / (READ_GBS * 1e3)
+    out = {"rows": rows, "fixed_us": fixed_us}
+    for name, n, least in (("unsplit", 1, 256), ("8 x >= 256", 8, 256), ("8 x >= 512", 8, 512)):
+        blocks = sorted((p * KEY_BYTES for ctx in lens for _ in range(KV_HEADS) for p in pieces(ctx, n, least)),
+                        reverse=True)
+        t = launch_us(blocks, fixed_us=fixed_us) + (reduce_us if n > 1 else 0.0)
+        out[name] = round(100 * ideal / t, 1)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the predictions here")
+    ap.add_argument("--bands", action="store_true",
+                    help="also version 7's pieces against none at 40 to 132 rows, with a fixed cost a block")
     a = ap.parse_args()
     rng = random.Random(0)
     cases = [case(256, 100, 2048, rng), case(160, 100, 2048, rng), case(256, 1024, 1024, rng),
@@ -85,6 +111,12 @@ def main():
               f"bytes at the read ceiling {c['ideal_us']:.1f} us; own order {c['own_order_us']:.1f} us "
               f"({c['own_order_pct']:.1f}%), longest first {c['longest_first_us']:.1f} us "
               f"({c['longest_first_pct']:.1f}%)")
+    if a.bands:
+        out["bands"] = [band(rows, random.Random(rows), fixed) for fixed in (0.0, 1.0, 2.0) for rows in (40, 64, 100, 132)]
+        for b in out["bands"]:
+            print(f"{b['rows']:4d} rows, {b['fixed_us']:.0f} us a block, longest first: unsplit {b['unsplit']:.1f}%, "
+                  f"8 pieces of >= 256 keys {b['8 x >= 256']:.1f}%, of >= 512 {b['8 x >= 512']:.1f}% "
+                  "(the reduction 4 us)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
