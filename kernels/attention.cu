@@ -278,12 +278,12 @@ extern "C" size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, 
 
 // attention_decode_cuda, and with rope (its q the raw QKV rows) the pieces
 // of attention_decode_rope_cuda's one kernel.
-static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
-                      long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
-                      const int32_t *d_context_lens, const int32_t *d_block_tables, const int32_t *d_row_order,
-                      int num_seqs, int max_context_len, int num_heads, int num_kv_heads, int head_dim,
-                      int block_size, int num_blocks, int max_blocks, float scale, void *d_workspace,
-                      size_t workspace_bytes, const dec_rope_args *rope, cudaStream_t stream) {
+static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                      const bf16_t *d_k_cache, const bf16_t *d_v_cache, const int32_t *d_context_lens,
+                      const int32_t *d_block_tables, const int32_t *d_row_order, int num_seqs, int max_context_len,
+                      int num_heads, int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
+                      float scale, void *d_workspace, size_t workspace_bytes, const dec_rope_args *rope,
+                      cudaStream_t stream) {
     if (version < 1 || version > ATTN_DECODE_NUM_VERSIONS)
         return mv_error("%s: unknown version %d (1..%d)", fn, version, ATTN_DECODE_NUM_VERSIONS);
     if (check_heads(fn, num_seqs, num_heads, num_kv_heads, head_dim, scale) ||
@@ -328,24 +328,23 @@ static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out
             return mv_error("%s: the workspace must be 16-byte aligned", fn);
         // Versions 6 and 7: the ring; version 7 alone: the caller's row order.
         const int stages = version >= 6 ? DEC_RING_STAGES : 0;
-        if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
-                             scale, splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, stages,
+        if (launch_decode_v2(out, q, q_stride, kv, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim, scale,
+                             splits, (float *)d_workspace, row_piece, version == 5 ? 2 : 1, stages,
                              version == 7 ? d_row_order : NULL, rope, stream))
             return -1;
     }
     return CUDA_TRY(cudaGetLastError());
 }
 
-extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q,
-                                     long long q_stride, const bf16_t *d_k_cache, const bf16_t *d_v_cache,
-                                     const int32_t *d_context_lens, const int32_t *d_block_tables,
-                                     const int32_t *d_row_order, int num_seqs, int max_context_len, int num_heads,
-                                     int num_kv_heads, int head_dim, int block_size, int num_blocks, int max_blocks,
-                                     float scale, void *d_workspace, size_t workspace_bytes, cudaStream_t stream) {
+extern "C" int attention_decode_cuda(int version, int num_splits, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
+                                     const bf16_t *d_k_cache, const bf16_t *d_v_cache, const int32_t *d_context_lens,
+                                     const int32_t *d_block_tables, const int32_t *d_row_order, int num_seqs,
+                                     int max_context_len, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                     int num_blocks, int max_blocks, float scale, void *d_workspace,
+                                     size_t workspace_bytes, cudaStream_t stream) {
     return decode_run("attention_decode_cuda", version, num_splits, d_out, d_q, q_stride, d_k_cache, d_v_cache,
                       d_context_lens, d_block_tables, d_row_order, num_seqs, max_context_len, num_heads, num_kv_heads,
-                      head_dim,
-                      block_size, num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
+                      head_dim, block_size, num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
 }
 
 extern "C" int attention_decode_rope_fused(int version, const bf16_t *d_qkv, const attention_decode_rope_t *rope,
@@ -369,10 +368,10 @@ extern "C" int attention_decode_rope_fused(int version, const bf16_t *d_qkv, con
 extern "C" int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d_out, bf16_t *d_qkv,
                                           const attention_decode_rope_t *rope, bf16_t *d_k_cache, bf16_t *d_v_cache,
                                           const int32_t *d_context_lens, const int32_t *d_block_tables,
-                                          const int32_t *d_row_order, int num_seqs, int max_context_len,
-                                          int num_heads, int num_kv_heads, int head_dim, int block_size,
-                                          int num_blocks, int max_blocks, float scale, void *d_workspace,
-                                          size_t workspace_bytes, cudaStream_t stream) {
+                                          const int32_t *d_row_order, int num_seqs, int max_context_len, int num_heads,
+                                          int num_kv_heads, int head_dim, int block_size, int num_blocks,
+                                          int max_blocks, float scale, void *d_workspace, size_t workspace_bytes,
+                                          cudaStream_t stream) {
     const char *fn = "attention_decode_rope_cuda";
     // The attention's own refusals first, so that a refused call writes
     // nothing (the two kernels' path stores the keys before attention runs).
@@ -390,12 +389,12 @@ extern "C" int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d
     const long long qkv_stride = (long long)(num_heads + 2 * num_kv_heads) * head_dim;
     if (!attention_decode_rope_fused(version, d_qkv, rope, d_k_cache, d_v_cache, num_heads, num_kv_heads, head_dim))
         // The two kernels: the same bits (and q and k left normed in d_qkv).
-        return qk_norm_rope_store_cuda(d_qkv, rope->q_norm_w, rope->k_norm_w, rope->positions, rope->cache,
-                                       d_k_cache, d_v_cache, rope->slot_mapping, num_seqs, num_heads, num_kv_heads,
-                                       head_dim, rope->eps, block_size, num_blocks, stream) ||
+        return qk_norm_rope_store_cuda(d_qkv, rope->q_norm_w, rope->k_norm_w, rope->positions, rope->cache, d_k_cache,
+                                       d_v_cache, rope->slot_mapping, num_seqs, num_heads, num_kv_heads, head_dim,
+                                       rope->eps, block_size, num_blocks, stream) ||
                decode_run(fn, version, num_splits, d_out, d_qkv, qkv_stride, d_k_cache, d_v_cache, d_context_lens,
-                          d_block_tables, d_row_order, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim, block_size,
-                          num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
+                          d_block_tables, d_row_order, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
+                          block_size, num_blocks, max_blocks, scale, d_workspace, workspace_bytes, NULL, stream);
     if (num_seqs > 0 && (!rope->positions || !rope->slot_mapping))
         return mv_error("%s: null positions or slot_mapping for a non-empty batch", fn);
     const dec_rope_args ra = {(const bf16 *)d_qkv, qkv_stride, num_heads * head_dim, num_kv_heads,
@@ -404,6 +403,6 @@ extern "C" int attention_decode_rope_cuda(int version, int num_splits, bf16_t *d
                               rope->slot_mapping, (bf16 *)d_k_cache, (bf16 *)d_v_cache,
                               (long long)num_blocks * block_size};
     return decode_run(fn, version, num_splits, d_out, d_qkv, qkv_stride, d_k_cache, d_v_cache, d_context_lens,
-                      d_block_tables, d_row_order, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim, block_size,
-                      num_blocks, max_blocks, scale, d_workspace, workspace_bytes, &ra, stream);
+                      d_block_tables, d_row_order, num_seqs, max_context_len, num_heads, num_kv_heads, head_dim,
+                      block_size, num_blocks, max_blocks, scale, d_workspace, workspace_bytes, &ra, stream);
 }

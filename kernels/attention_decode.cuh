@@ -211,7 +211,8 @@ __device__ __forceinline__ void decode_piece_v2(int bx, int s, int split, int gr
     auto fill = [&](int t) {
         if constexpr (STAGES > 0) {
             if (t < num_tiles) {
-                const uint32_t dst = (uint32_t)__cvta_generic_to_shared(ring + (t % STAGES) * 2 * U * DEC_THREADS + tid);
+                const uint32_t dst =
+                    (uint32_t)__cvta_generic_to_shared(ring + (t % STAGES) * 2 * U * DEC_THREADS + tid);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     const int j = start + t * TILE + u * NSUB + sub;

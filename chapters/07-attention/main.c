@@ -356,10 +356,9 @@ static int run_attn(void *p, cudaStream_t stream) {
                                              d->kv_stride, d->cu_q, d->cu_k, d->S, d->max_n, d->H, d->Hkv, d->D,
                                              scale, stream);
     default:
-        return attention_decode_cuda(r->version, r->splits, d->out_dec, d->q_dec, d->q_stride, d->k_cache,
-                                     d->v_cache, d->ctx, d->tables, r->order ? r->order : d->order, d->S,
-                                     r->max_ctx_arg, d->H, d->Hkv, d->D, d->bs, d->nb, d->mb, scale, d->ws,
-                                     d->ws_bytes, stream);
+        return attention_decode_cuda(r->version, r->splits, d->out_dec, d->q_dec, d->q_stride, d->k_cache, d->v_cache,
+                                     d->ctx, d->tables, r->order ? r->order : d->order, d->S, r->max_ctx_arg, d->H,
+                                     d->Hkv, d->D, d->bs, d->nb, d->mb, scale, d->ws, d->ws_bytes, stream);
     }
 }
 
@@ -549,8 +548,10 @@ static void check_gpu_order(harness_t *h, rng_t *rng) {
     char shape[96];
     snprintf(shape, sizeof shape, "S=%d ctx=1..900 H=16/8 D=128 bs=16", S);
     const int splits[3] = {1, 3, 0};
-    const struct { const int32_t *order; const char *name; } orders[3] = {
-        {NULL, "longest first"}, {d_reverse, "shortest first"}, {d_shuffled, "a random order"}};
+    const struct {
+        const int32_t *order;
+        const char *name;
+    } orders[3] = {{NULL, "longest first"}, {d_reverse, "shortest first"}, {d_shuffled, "a random order"}};
     for (int i = 0; i < 3; i++) {
         run_t r4 = {RUN_DECODE, 4, splits[i], d.max_ctx, &d, NULL};
         size_t n;
@@ -627,24 +628,24 @@ static void check_gpu_rejections(harness_t *h) {
                                                    256, sc, 0),
                      "head_dim 256 is not supported");
     expect_gpu_error(h, "decode version 8",
-                     attention_decode_cuda(8, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
-                                           NULL, 0, 0),
+                     attention_decode_cuda(8, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
+                                           1, sc, NULL, 0, 0),
                      "unknown version 8");
     expect_gpu_error(h, "decode version 1 asked to split",
-                     attention_decode_cuda(1, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
-                                           NULL, 0, 0),
+                     attention_decode_cuda(1, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
+                                           1, sc, NULL, 0, 0),
                      "version 1 does not split");
     expect_gpu_error(h, "decode 65 splits",
-                     attention_decode_cuda(2, 65, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
-                                           NULL, 0, 0),
+                     attention_decode_cuda(2, 65, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
+                                           1, sc, NULL, 0, 0),
                      "num_splits 65 outside");
     expect_gpu_error(h, "decode split without workspace",
-                     attention_decode_cuda(2, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4, 1, sc,
-                                           NULL, 0, 0),
+                     attention_decode_cuda(2, 3, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
+                                           1, sc, NULL, 0, 0),
                      "need");
     expect_gpu_error(h, "decode block_size 512",
-                     attention_decode_cuda(2, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 512, 4, 1,
-                                           sc, NULL, 0, 0),
+                     attention_decode_cuda(2, 1, buf, buf, 2048, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 512, 4,
+                                           1, sc, NULL, 0, 0),
                      "block_size 512 is not supported");
     expect_gpu_error(h, "version 2 with a misaligned q row stride",
                      attention_prefill_cuda(2, buf, buf, 2052, buf, buf, ibuf, ibuf, ibuf, 1, 1, 16, 8, 128, 16, 4, 1,
@@ -655,24 +656,24 @@ static void check_gpu_rejections(harness_t *h) {
     const rope_cache_gpu_t cache = {(float *)buf, 16, 128};
     const attention_decode_rope_t rope = {buf, buf, ibuf, &cache, ibuf, 1e-6f};
     expect_gpu_error(h, "decode+rope without its arguments",
-                     attention_decode_rope_cuda(4, 0, buf, buf, NULL, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
-                                                16, 4, 1, sc, NULL, 0, 0),
+                     attention_decode_rope_cuda(4, 0, buf, buf, NULL, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8,
+                                                128, 16, 4, 1, sc, NULL, 0, 0),
                      "no q/k norm and RoPE arguments");
     expect_gpu_error(h, "decode+rope version 8",
-                     attention_decode_rope_cuda(8, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
-                                                16, 4, 1, sc, NULL, 0, 0),
+                     attention_decode_rope_cuda(8, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8,
+                                                128, 16, 4, 1, sc, NULL, 0, 0),
                      "unknown version 8");
     expect_gpu_error(h, "decode+rope block_size 8",
-                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
-                                                8, 4, 1, sc, NULL, 0, 0),
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8,
+                                                128, 8, 4, 1, sc, NULL, 0, 0),
                      "block_size 8 is not supported");
     expect_gpu_error(h, "decode+rope 65 splits",
-                     attention_decode_rope_cuda(4, 65, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
-                                                16, 4, 1, sc, NULL, 0, 0),
+                     attention_decode_rope_cuda(4, 65, buf, buf, &rope, buf, buf + 4096, ibuf, ibuf, NULL, 1, 16, 16, 8,
+                                                128, 16, 4, 1, sc, NULL, 0, 0),
                      "num_splits 65 outside");
     expect_gpu_error(h, "decode+rope one buffer for K and V",
-                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128, 16, 4,
-                                                1, sc, NULL, 0, 0),
+                     attention_decode_rope_cuda(4, 0, buf, buf, &rope, buf, buf, ibuf, ibuf, NULL, 1, 16, 16, 8, 128,
+                                                16, 4, 1, sc, NULL, 0, 0),
                      "different buffers");
     gpu_free(buf);
     gpu_free(ibuf);
@@ -944,10 +945,10 @@ static int run_rope(void *p, cudaStream_t stream) {
     const attention_decode_rope_t rope = {c->w, c->w + c->D, c->d_pos, &c->d_cache, c->d_slots, 1e-6f};
     if (i == 1)
         return attention_decode_rope_cuda(r->version, r->splits, c->out[1], c->qkv[1], &rope, c->kc[1], c->vc[1],
-                                          c->d_lens, c->d_tables, c->d_order, c->S, r->max_ctx_arg, c->H, c->Hkv,
-                                          c->D, c->bs, c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
-    return qk_norm_rope_store_cuda(c->qkv[0], c->w, c->w + c->D, c->d_pos, &c->d_cache, c->kc[0], c->vc[0],
-                                   c->d_slots, c->S, c->H, c->Hkv, c->D, 1e-6f, c->bs, c->nb, stream) ||
+                                          c->d_lens, c->d_tables, c->d_order, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D,
+                                          c->bs, c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
+    return qk_norm_rope_store_cuda(c->qkv[0], c->w, c->w + c->D, c->d_pos, &c->d_cache, c->kc[0], c->vc[0], c->d_slots,
+                                   c->S, c->H, c->Hkv, c->D, 1e-6f, c->bs, c->nb, stream) ||
            attention_decode_cuda(r->version, r->splits, c->out[0], c->qkv[0], c->qkv_stride, c->kc[0], c->vc[0],
                                  c->d_lens, c->d_tables, c->d_order, c->S, r->max_ctx_arg, c->H, c->Hkv, c->D, c->bs,
                                  c->nb, c->mb, scale, c->ws, c->ws_bytes, stream);
