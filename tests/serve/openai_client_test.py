@@ -180,7 +180,10 @@ def test_completions(exe, model, srv):
     check(reasons == ["length"], "completions stream: one finish_reason, length (%s)" % reasons)
     check(usage is not None and usage.completion_tokens == 12 and usage.prompt_tokens == n_prompt,
           "completions stream: include_usage chunk %s" % usage)
-    check(chunks >= 6, "completions stream: tokens arrive in several chunks (%d)" % chunks)
+    # (How many chunks is the machine's timing: tokens the engine made while the
+    # connection's thread was away go out together. test_queue_and_disconnect
+    # counts them where each step takes 10 ms.)
+    check(chunks >= 2, "completions stream: text and the usage chunk apart (%d chunks)" % chunks)
     # Token-id prompts: a list, and a list of lists (two choices).
     ids_a, ids_b = [431, 173, 170, 322], [40, 63]
     wa = generate(exe, model, {"prompt_token_ids": ids_a, "max_tokens": 6, "temperature": 0})
@@ -409,6 +412,9 @@ def test_queue_and_disconnect(exe, model):
         text = r3.read().decode()
         check(text.count('"finish_reason":"length"') == 1 and text.rstrip().endswith("data: [DONE]"),
               "drain: the running stream completes after SIGTERM (%d more events)" % text.count("data: "))
+        # One step each 10 ms: the tokens arrive as they are made, not together at the end.
+        check(text.count("data: ") >= 20, "stream: 39 tokens at 10 ms a step arrive in %d events (at least 20)" %
+              text.count("data: "))
         rc = srv.p.wait(timeout=20)
         check(rc == 0, "drain: the server exits 0 (%d)" % rc)
     finally:
@@ -720,6 +726,9 @@ def main():
             rc = srv.stop()
         check(rc == 0, "SIGTERM on an idle server: exit 0 (%d)" % rc)
         test_queue_and_disconnect(exe, d)
+    # The failures again, last: a runner that keeps only the output's tail still shows them.
+    for what in failures:
+        print("FAIL " + what)
     print("openai client test: %d failure%s" % (len(failures), "" if len(failures) == 1 else "s"))
     return 1 if failures else 0
 
