@@ -17,6 +17,8 @@
 #include "kernels/versions.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common/check.h"
 #include "kernels/common.cuh"
@@ -276,6 +278,15 @@ extern "C" size_t attention_decode_workspace_bytes(int num_seqs, int num_heads, 
     return (size_t)num_seqs * num_heads * num_splits * ((size_t)head_dim + 2) * sizeof(float);
 }
 
+extern "C" int attention_decode_pieces_up_to(void) {
+    static int up_to = -1;
+    if (up_to < 0) {
+        const char *e = getenv("MV_DECODE_PIECES");
+        up_to = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "4") ? 4 : DEC_BALANCE_UP_TO;
+    }
+    return up_to;
+}
+
 // attention_decode_cuda, and with rope (its q the raw QKV rows) the pieces
 // of attention_decode_rope_cuda's one kernel.
 static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out, const bf16_t *d_q, long long q_stride,
@@ -315,7 +326,8 @@ static int decode_run(const char *fn, int version, int num_splits, bf16_t *d_out
         int splits = num_splits, row_piece = version >= 3 ? 1 : 0;
         if (!splits) {
             splits = attention_decode_num_splits(num_seqs, num_kv_heads, max_context_len, block_size);
-            if (version >= 4 && decode_balanced(num_seqs, num_kv_heads, splits, mv_num_sms())) {
+            if (version >= 4 &&
+                decode_balanced(num_seqs, num_kv_heads, splits, mv_num_sms(), attention_decode_pieces_up_to())) {
                 splits = DEC_BALANCE_SPLITS;
                 row_piece = DEC_MIN_PIECE;
             }

@@ -577,11 +577,14 @@ static int decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len
 // lengths the longest row's one block can outlast the rest of the layer's
 // attention. Above eight blocks a SM the batch's own blocks even out and
 // the pieces' extra blocks and reduction cost more than they save (the
-// band was measured on nano-vllm's workload: docs/09-engine.md).
-enum { DEC_BALANCE_SPLITS = 8 };
-static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, int num_sms) {
+// band was measured on nano-vllm's workload: docs/09-engine.md). up_to:
+// the band's top in blocks a SM, DEC_BALANCE_UP_TO but where the experiment
+// switch MV_DECODE_PIECES asks for 4 or 0 (no pieces: attention.cu,
+// attention_decode_pieces_up_to).
+enum { DEC_BALANCE_SPLITS = 8, DEC_BALANCE_UP_TO = 8 };
+static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, int num_sms, int up_to) {
     const long long ctas = (long long)num_seqs * num_kv_heads, sms = num_sms > 0 ? num_sms : 132;
-    return splits == 1 && ctas >= 2 * sms && ctas <= 8 * sms;
+    return splits == 1 && ctas >= 2 * sms && ctas <= up_to * sms;
 }
 
 // row_piece: 0 = pieces cut from max_context_len on the host (version 2);

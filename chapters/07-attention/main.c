@@ -1110,6 +1110,15 @@ static void time_prefill(harness_t *h, rng_t *rng, int S, int n, int naive_reps)
 
 int main(int argc, char **argv) {
     harness_t h;
+    // MV_DECODE_PIECES moves version 4's band (kernels/attention.h); any other
+    // value than 0, 4 or 8 is refused here, as the engine refuses it, rather
+    // than read as unset.
+    const char *pieces = getenv("MV_DECODE_PIECES");
+    if (pieces && strcmp(pieces, "0") && strcmp(pieces, "4") && strcmp(pieces, "8")) {
+        fprintf(stderr, "07-attention: MV_DECODE_PIECES=%s: it takes 0 (no pieces for version 4's band), 4 (pieces "
+                        "up to 4 blocks a SM) or 8 (up to 8, the default)\n", pieces);
+        return 2;
+    }
     static const harness_kernel_t kernels[] = {
         {"prefill", ATTN_PREFILL_VERSION_TABLE}, {"decode", ATTN_DECODE_VERSION_TABLE}, {NULL, NULL}};
     harness_begin_kernels(&h, "07-attention",
