@@ -101,6 +101,29 @@ Test(cli, kernel_that_is_no_version_exits_2_listing_the_versions) {
     cr_expect_eq(run_command(cmd, out, sizeof out), 2, "05-rope --kernel 5: %s", out);
 }
 
+// An experiment switch of a chapter's kernels with a value it does not take
+// is refused by name, exit 2, rather than read as unset (the engine refuses
+// the same values: runner_cuda.c, check_switches).
+Test(cli, experiment_switch_with_a_wrong_value_exits_2) {
+    static const struct {
+        const char *env, *chapter, *takes;
+    } cases[] = {
+        {"MV_LINEAR_GEMV=4", "03-linear-tp", "it takes 2"},
+        {"MV_DECODE_PIECES=5", "07-attention", "it takes 0"},
+        {"MV_DECODE_PIECES=", "07-attention", "it takes 0"},
+    };
+    char cmd[512], out[8192];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        snprintf(cmd, sizeof cmd, "%s ./%s/%s --cpu 2>&1", cases[i].env, MV_BUILD_DIR, cases[i].chapter);
+        cr_expect_eq(run_command(cmd, out, sizeof out), 2, "%s %s: %s", cases[i].env, cases[i].chapter, out);
+        cr_expect(strstr(out, cases[i].env) && strstr(out, cases[i].takes), "%s %s: %s", cases[i].env,
+                  cases[i].chapter, out);
+    }
+    // The values they take run as ever.
+    snprintf(cmd, sizeof cmd, "MV_DECODE_PIECES=0 ./%s/07-attention --cpu --summary 2>&1", MV_BUILD_DIR);
+    cr_expect_eq(run_command(cmd, out, sizeof out), 0, "%s", out);
+}
+
 Test(cli, kernel_in_a_host_only_chapter_is_an_error) {
     char cmd[512], out[8192];
     snprintf(cmd, sizeof cmd, "./%s/08-scheduler --kernel 1 2>&1", MV_BUILD_DIR);
