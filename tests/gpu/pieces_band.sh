@@ -9,7 +9,9 @@
 #      (07-attention.pieces-N.json)
 #   2. nano-vllm's workload, greedy, the three settings alternated, ROUNDS rounds (2), each with its step
 #      trace (09-engine.pieces-N.rR.json and .csv)
-#   3. with CHECK=1: build/engine_check --device cuda under MV_DECODE_PIECES=0 (the band's graphs
+#   3. the latency mode at 48 to 128 rows of equal lengths (1024 + 128), each setting
+#      (09-engine.pieces-N.latency.json): the band's rows when no row is longer than the others
+#   4. with CHECK=1: build/engine_check --device cuda under MV_DECODE_PIECES=0 (the band's graphs
 #      unsplit, against the CPU reference)
 # Then a table: output tok/s a round, and the decode steps' milliseconds by rows (the step traces).
 # Leaves its output under $OUT.
@@ -36,6 +38,14 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     rc=$?; [ $rc -eq 0 ] || status=1
     echo "workload, MV_DECODE_PIECES=$n, round $r: rc=$rc ($(el) s)"
   done
+done
+for n in 8 4 0; do
+  base="$OUT/09-engine.pieces-$n.latency"
+  MV_DECODE_PIECES=$n timeout 60 ./build/minivllm bench "${model[@]}" --latency --batch 48,64,96,128 --prompt-len 1024 \
+    --output-len 128 --repeat 2 --json "$base.json" > "$base.log" 2>&1
+  rc=$?; [ $rc -eq 0 ] || status=1
+  echo "latency 48-128 rows, MV_DECODE_PIECES=$n: rc=$rc $(python3 -c "import json; d = json.load(open('$base.json'))
+print([(b['batch'], round(b['output_tok_s']['median'])) for b in d['batches']])" 2>/dev/null) ($(el) s)"
 done
 if [ "${CHECK:-0}" = 1 ]; then
   MV_DECODE_PIECES=0 timeout "${CHECK_S:-300}" ./build/engine_check --device cuda > "$OUT/engine_check.pieces-0.txt" 2>&1
