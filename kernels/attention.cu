@@ -282,7 +282,7 @@ extern "C" int attention_decode_pieces_up_to(void) {
     static int up_to = -1;
     if (up_to < 0) {
         const char *e = getenv("MV_DECODE_PIECES");
-        up_to = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "4") ? 4 : DEC_BALANCE_UP_TO;
+        up_to = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "8") ? 8 : DEC_BALANCE_UP_TO;
     }
     return up_to;
 }

@@ -144,10 +144,11 @@ int attention_prefill_varlen_cuda(int version, bf16_t *d_out, const bf16_t *d_q,
 // blocks of keys. At most ATTN_DECODE_MAX_SPLITS.
 int attention_decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len, int block_size);
 
-// Version 4's band (and so versions 5 to 7's) tops out at 8 blocks a SM;
-// MV_DECODE_PIECES=4 or 0 (an experiment switch: the pieces up to 4 blocks
-// a SM, or none, leaving version 7's row order alone against the tail)
-// moves it. The top in use, read from the environment once.
+// Version 4's band (and so versions 5 to 7's) tops out at 4 blocks a SM;
+// MV_DECODE_PIECES=8 or 0 (an experiment switch: the pieces up to 8 blocks
+// a SM, the band before version 7, or none, leaving version 7's row order
+// alone against the tail) moves it. The top in use, read from the
+// environment once.
 int attention_decode_pieces_up_to(void);
 
 // Bytes of device workspace the split decode needs (partial outputs and

@@ -569,19 +569,19 @@ static int decode_num_splits(int num_seqs, int num_kv_heads, int max_context_len
 }
 
 // Version 4's pieces where the batch alone just fills the GPU: from the
-// (row, kv head) blocks version 3 leaves unsplit (two a SM) up to eight a
+// (row, kv head) blocks version 3 leaves unsplit (two a SM) up to four a
 // SM, DEC_BALANCE_SPLITS pieces of at least DEC_MIN_PIECE keys, so that no
 // block reads more than an eighth of its row's context or DEC_MIN_PIECE
 // keys, whichever is longer. Unsplit, a block reads about 34 keys a
 // microsecond (chapter 07's 1 x 1024 unsplit), so in a batch of mixed
 // lengths the longest row's one block can outlast the rest of the layer's
-// attention. Above eight blocks a SM the batch's own blocks even out and
-// the pieces' extra blocks and reduction cost more than they save (the
-// band was measured on nano-vllm's workload: docs/09-engine.md). up_to:
-// the band's top in blocks a SM, DEC_BALANCE_UP_TO but where the experiment
-// switch MV_DECODE_PIECES asks for 4 or 0 (no pieces: attention.cu,
-// attention_decode_pieces_up_to).
-enum { DEC_BALANCE_SPLITS = 8, DEC_BALANCE_UP_TO = 8 };
+// attention. Above four blocks a SM the batch's own blocks, started longest
+// first (version 7), even out, and the pieces' extra blocks and reduction
+// cost more than they save (the band was measured on nano-vllm's workload:
+// docs/09-engine.md). up_to: the band's top in blocks a SM,
+// DEC_BALANCE_UP_TO but where the experiment switch MV_DECODE_PIECES asks
+// for 8 or 0 (no pieces: attention.cu, attention_decode_pieces_up_to).
+enum { DEC_BALANCE_SPLITS = 8, DEC_BALANCE_UP_TO = 4 };
 static inline int decode_balanced(int num_seqs, int num_kv_heads, int splits, int num_sms, int up_to) {
     const long long ctas = (long long)num_seqs * num_kv_heads, sms = num_sms > 0 ? num_sms : 132;
     return splits == 1 && ctas >= 2 * sms && ctas <= up_to * sms;

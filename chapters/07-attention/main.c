@@ -1116,7 +1116,7 @@ int main(int argc, char **argv) {
     const char *pieces = getenv("MV_DECODE_PIECES");
     if (pieces && strcmp(pieces, "0") && strcmp(pieces, "4") && strcmp(pieces, "8")) {
         fprintf(stderr, "07-attention: MV_DECODE_PIECES=%s: it takes 0 (no pieces for version 4's band), 4 (pieces "
-                        "up to 4 blocks a SM) or 8 (up to 8, the default)\n", pieces);
+                        "up to 4 blocks a SM, the default) or 8 (up to 8)\n", pieces);
         return 2;
     }
     static const harness_kernel_t kernels[] = {

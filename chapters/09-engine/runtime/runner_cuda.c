@@ -696,8 +696,8 @@ static const struct {
     {"MV_DECODE_ATTENTION", "3467",
      "3, 4, 6 or 7 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
     {"MV_DECODE_PIECES", "048",
-     "0 (no pieces for decode attention's band of 2 to 8 blocks a SM), 4 (pieces up to 4 blocks a SM) or 8 (up to 8, "
-     "the default)"},
+     "0 (no pieces for decode attention's band of 2 to 4 blocks a SM), 4 (pieces up to 4 blocks a SM, the default) or "
+     "8 (up to 8)"},
     {"MV_LINEAR_GEMV", "23", "2 (the GEMV on fp32 FMAs) or 3 (on the tensor cores, the default)"},
     {"MV_STEP_TIMES", "01",
      "0 (off, the default) or 1 (each graphed decode step timed, the means printed at the end)"},
