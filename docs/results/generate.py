@@ -1976,6 +1976,78 @@ def render_order_engine():
     return "\n".join(out + default_verdicts("In run 122, at the new default (version 7)", ec, tools)) + "\n"
 
 
+PIECES = (8, 4, 0)
+PIECES_NAME = {8: "top 8 (before)", 4: "top 4 (the default now)", 0: "no pieces"}
+PIECES_BANDS = ((1, 32), (33, 64), (65, 96), (97, 132), (133, 256))
+# The other arms of run 125's A/B: rendered in its tables only, with no results page of their own.
+AB_ONLY = {"07-attention.r125-pieces-8.json", "07-attention.r125-pieces-0.json"}
+
+
+def render_pieces_ch07(d4):
+    """Chapter 07 --kernel 7 under MV_DECODE_PIECES=8, 4 and 0 (run 125: json/07-attention.r125-pieces-N.json)."""
+    d = {8: load("07-attention.r125-pieces-8.json"), 4: d4, 0: load("07-attention.r125-pieces-0.json")}
+    if not all(d.values()):
+        return None
+    cmd = d4["command"].replace("/tmp/o/07-attention.pieces-4.json", "FILE")
+    out = [f"`MV_DECODE_PIECES=8|4|0 {cmd}` on **{d4['gpu']['name']}**, {d4['date'][:10]} (run 125, commit 32571e5, "
+           f"`tests/gpu/pieces_band.sh`): "
+           + ", ".join(f"{d[n]['n_checks'] - d[n]['n_failed']} of {d[n]['n_checks']}" for n in PIECES)
+           + " checks passed. Version 7's times as a decode graph launches it (bound 4,096 keys), against the "
+           f"{d4['ceilings']['copy_gbs']:,.0f} GB/s copy of the same run. The band's top in blocks a SM: 8 (33 to "
+           "132 rows of 8 KV heads on 132 SMs), 4 (33 to 66 rows), or no pieces:", "",
+           "| case | " + " | ".join(PIECES_NAME[n] for n in PIECES) + " | top 4 / top 8 |",
+           "| --- | ---: | ---: | ---: | ---: |"]
+    for i, t in enumerate(d4["timings"]):
+        if not t["case"].startswith("decode "):
+            continue
+        row = [d[n]["timings"][i] for n in PIECES]
+        if any(r["case"] != t["case"] or r["shape"] != t["shape"] for r in row):
+            return None
+        cells = " | ".join(f"{r['ms'] * 1e3:.1f} us ({r['pct_copy']:.0f}%)" for r in row)
+        out.append(f"| {t['case'].split(' ', 1)[1]} | {cells} | "
+                   f"{row[1]['ms'] / row[0]['ms']:.3f} |")
+    return "\n".join(out) + "\n"
+
+
+def render_pieces_engine():
+    """The engine under MV_DECODE_PIECES=8, 4 and 0 (run 125: json/09-engine.r125-pieces-*), the workload
+    alternated two rounds with its step traces, and the latency mode at 48 to 128 rows."""
+    wl = {(n, r): load(f"09-engine.r125-pieces-{n}-r{r}.json") for n in PIECES for r in (1, 2)}
+    lat = {n: load(f"09-engine.r125-pieces-{n}-lat.json") for n in PIECES}
+    traces = {(n, r): os.path.join(JSON_DIR, f"09-engine.r125-pieces-{n}-r{r}.csv") for n in PIECES for r in (1, 2)}
+    if not all(wl.values()) or not all(lat.values()) or not all(map(os.path.exists, traces.values())):
+        return None
+    g = wl[4, 1]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = [f"`MV_DECODE_PIECES=8|4|0 minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device "
+           f"cuda` on **{g['gpu']}**, {g['date'][:10]} (run 125, commit {g['commit']}, `tests/gpu/pieces_band.sh`), "
+           "the three settings alternated in one call. Output tok/s:", "",
+           "| run | " + " | ".join(PIECES_NAME[n] for n in PIECES) + " | top 4 / top 8 |",
+           "| --- | ---: | ---: | ---: | ---: |",
+           "| nano-vllm's workload, greedy (`--input W --repeat 1 --step-trace FILE`), rounds 1 / 2 | "
+           + " | ".join(tok_cell([wl[n, 1], wl[n, 2]]) for n in PIECES)
+           + f" | {100 * mean([wl[4, 1], wl[4, 2]]) / mean([wl[8, 1], wl[8, 2]]):.1f}% |"]
+    for b in (48, 64, 96, 128):
+        out.append(f"| latency, {b} rows of equal length (1,024 + 128, `--repeat 2`) | "
+                   + " | ".join(lat_cell([lat[n]], b) for n in PIECES)
+                   + f" | {100 * lat_mean([lat[4]], b) / lat_mean([lat[8]], b):.1f}% |")
+    bands = {}
+    for k, path in traces.items():
+        rows = list(csv.DictReader(open(path)))
+        dec = [x for x in rows if int(x["prefill_rows"]) == 0]
+        bands[k] = [[x for x in dec if lo <= int(x["rows"]) <= hi] for lo, hi in PIECES_BANDS]
+        bands[k].append([x for x in rows if int(x["prefill_rows"]) > 0])
+    ms = lambda n, i: sum(sum(float(x["runner_us"]) for x in bands[n, r][i]) for r in (1, 2)) / 2e3
+    out += ["", "The step traces, decode steps by how many rows they hold (time inside the model runner, the two "
+            "rounds' mean):", "",
+            "| decode rows | steps | " + " | ".join(f"{PIECES_NAME[n]} ms" for n in PIECES) + " | top 4 / top 8 |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for i, label in enumerate([f"{lo} - {hi}" for lo, hi in PIECES_BANDS] + ["prompt steps"]):
+        out.append(f"| {label} | {len(bands[4, 1][i])} | " + " | ".join(f"{ms(n, i):,.1f}" for n in PIECES)
+                   + f" | {100 * ms(4, i) / ms(8, i):.1f}% |")
+    return "\n".join(out) + "\n"
+
+
 WGMMA_PROBE_TXT = os.path.join(HERE, "03-linear-tp-v4-probe.txt")
 WGMMA_PROBE_LINE = re.compile(r"^(\w+)\s+(\d+) \|\s+([\d.]+) \|(.*)\| best ([\d.]+) \(([\d.]+)x\)")
 WGMMA_CELL = re.compile(r"(\d)/(\d) ([\d.]+) \[([\d.e+-]+) ")
@@ -2370,7 +2442,8 @@ def blocks():
     out = {}
     for path in sorted(glob.glob(os.path.join(JSON_DIR, "0*.json"))):
         name = os.path.basename(path)
-        if name.endswith(".bench.json") or name.startswith(("09-engine.", "09-serving.", "09-parallel.")):
+        if name.endswith(".bench.json") or name.startswith(("09-engine.", "09-serving.", "09-parallel.")) \
+                or name in AB_ONLY:
             continue
         d = json.load(open(path))
         ch = name[:-len(".json")]  # "03-linear-tp" or "03-linear-tp.1gpu"
@@ -2393,6 +2466,10 @@ def blocks():
                 dorder = render_order_ch07(d)
                 if dorder:
                     out[f"{ch}:decode-order"] = (name, dorder)
+            if ch == "07-attention.r125-pieces-4":
+                pc = render_pieces_ch07(d)
+                if pc:
+                    out[f"{ch}:decode-pieces"] = (name, pc)
             if ch == "07-attention.rope-h100":
                 rope = render_decode_rope_ch07(d)
                 if rope:
@@ -2478,6 +2555,9 @@ def blocks():
     dord = render_order_engine()
     if dord:
         out["09-engine:decode-order"] = ("09-engine.r123-wl-a7-r1.json", dord)
+    dpc = render_pieces_engine()
+    if dpc:
+        out["09-engine:decode-pieces"] = ("09-engine.r125-pieces-4-r1.json", dpc)
     dre = render_decode_rope_engine()
     if dre:
         out["09-engine:decode-rope"] = ("09-engine.r114-lat-rope1-r1.json", dre)
