@@ -2048,6 +2048,67 @@ def render_pieces_engine():
     return "\n".join(out) + "\n"
 
 
+PREFILL_NCU = "09-engine.r127-prefill-ncu.csv"
+PREFILL_ROWS, PREFILL_LEN = 14, 585  # run 127's --batch and --prompt-len
+
+
+def render_prefill_kernels():
+    """One prefill step's kernels (run 127: Nsight Compute, json/09-engine.r127-prefill-ncu.csv, its ID, kernel name
+    and gpu__time_duration columns): the first forward pass (from the first embedding kernel to the second), the
+    GEMMs named by their place in a layer, with each group's FLOPs or bytes at Qwen3-0.6B's shapes."""
+    path = os.path.join(JSON_DIR, PREFILL_NCU)
+    if not os.path.exists(path):
+        return None
+    rows = list(csv.reader(open(path, newline="")))
+    if rows[1][2] != "ns":
+        return None
+    data = [(r[1], float(r[2].replace(",", "")) / 1e3) for r in rows[2:]]
+    starts = [i for i, (n, _) in enumerate(data) if n.startswith("void embedding_kernel")]
+    step = data[starts[0]:starts[1]]
+    c = json.load(open(os.path.join(os.path.dirname(DOCS), "tests/data/qwen3-0.6b-shape/config.json")))
+    T, H, I, L = PREFILL_ROWS * PREFILL_LEN, c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    qn, kvn = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    gemms = [("qkv_proj GEMM (cuBLAS)", qn + 2 * kvn, H), ("o_proj GEMM (cuBLAS)", H, qn),
+             ("gate_up_proj GEMM (cuBLAS)", 2 * I, H), ("down_proj GEMM (cuBLAS)", H, I)]
+    attn_flops = PREFILL_ROWS * 2 * PREFILL_LEN ** 2 * c["head_dim"] * c["num_attention_heads"]  # causal QK^T + PV
+    groups, ng = {}, 0
+    for name, us in step:
+        if name.startswith("nvjet"):
+            label = gemms[ng % 4][0] if ng < 4 * L else "LM head GEMM (cuBLAS, the 14 last tokens)"
+            ng += 1
+        elif name.startswith("void flash3_prefill_kernel"):
+            label = "prefill attention (chapter 07, version 3)"
+        elif name.startswith("void rope_fused::kernel"):
+            label = "q/k norm + RoPE + KV store (qk_norm_rope_store_cuda)"
+        elif name.startswith("void rmsnorm_kernel_v3<8, 4, 1>"):
+            label = "fused add + RMSNorm (2 a layer, and the final norm)"
+        else:
+            label = step_kernel_label(name, [])
+        g = groups.setdefault(label, [0, 0.0])
+        g[0] += 1
+        g[1] += us
+    total = sum(g[1] for g in groups.values())
+    rate = {k: f"{2 * T * n * kk * groups[k][0] / (groups[k][1] * 1e6):,.0f} TFLOP/s" for k, n, kk in gemms}
+    rate["prefill attention (chapter 07, version 3)"] = \
+        f"{attn_flops * groups['prefill attention (chapter 07, version 3)'][0] / (groups['prefill attention (chapter 07, version 3)'][1] * 1e6):,.0f} TFLOP/s"
+    rate["SiluAndMul"] = f"{T * 3 * I * 2 * groups['SiluAndMul'][0] / (groups['SiluAndMul'][1] * 1e3):,.0f} GB/s"
+    norm = "fused add + RMSNorm (2 a layer, and the final norm)"
+    rate[norm] = f"{T * 4 * H * 2 * groups[norm][0] / (groups[norm][1] * 1e3):,.0f} GB/s"
+    gpu = "NVIDIA H100 80GB HBM3"
+    out = [f"Nsight Compute on **{gpu}** (run 127, 2026-12-07, the binaries of commit b7e4e83), `ncu --clock-control "
+           f"none --metrics gpu__time_duration.sum --csv --page raw ./build/minivllm bench --random-weights --model "
+           f"tests/data/qwen3-0.6b-shape --device cuda --latency --batch {PREFILL_ROWS} --prompt-len {PREFILL_LEN} "
+           f"--output-len 2 --repeat 1 --no-warmup --enforce-eager`: the prompt step's kernels ({T:,} tokens, about "
+           f"the workload's 8,192 a step), each timed alone. *Rate*: the GEMMs' 2·T·N·K FLOPs, attention's causal "
+           f"2·L²·d a head and sequence, SiluAndMul's [T, 2I] read and [T, I] written, the norm's two rows read and "
+           f"two written:", "",
+           "| kernel | launches | us a step | share | rate |", "| --- | ---: | ---: | ---: | ---: |"]
+    for k, (n, us) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        out.append(f"| {k} | {n} | {us:,.1f} | {100 * us / total:.1f}% | {rate.get(k, '')} |")
+    out.append(f"| **the step** | {sum(g[0] for g in groups.values())} | **{total:,.1f}** | | |")
+    return "\n".join(out) + "\n"
+
+
 WGMMA_PROBE_TXT = os.path.join(HERE, "03-linear-tp-v4-probe.txt")
 WGMMA_PROBE_LINE = re.compile(r"^(\w+)\s+(\d+) \|\s+([\d.]+) \|(.*)\| best ([\d.]+) \(([\d.]+)x\)")
 WGMMA_CELL = re.compile(r"(\d)/(\d) ([\d.]+) \[([\d.e+-]+) ")
@@ -2277,7 +2338,8 @@ def step_kernel_label(name, gemm_order):
                           ("void silu_and_mul", "SiluAndMul"), ("void cublasLt::splitKreduce", "cuBLAS's split-K reduce"),
                           ("void gather_last_tokens", "gather of the sampled rows"),
                           ("bf16_to_f32", "logits bf16 to fp32"), ("sampling_prepare", "sampler: prepare"),
-                          ("sample_kernel_v2", "sampler: draw (greedy)"), ("sampling_finish", "sampler: finish")):
+                          ("sample_kernel_v2", "sampler: draw (greedy)"), ("sampling_finish", "sampler: finish"),
+                          ("sample_kernel_v4", "sampler: draw (version 4, greedy)")):
         if name.startswith(prefix):
             return label
     return name
@@ -2558,6 +2620,9 @@ def blocks():
     dpc = render_pieces_engine()
     if dpc:
         out["09-engine:decode-pieces"] = ("09-engine.r125-pieces-4-r1.json", dpc)
+    pk = render_prefill_kernels()
+    if pk:
+        out["09-engine:prefill-kernels"] = (PREFILL_NCU, pk)
     dre = render_decode_rope_engine()
     if dre:
         out["09-engine:decode-rope"] = ("09-engine.r114-lat-rope1-r1.json", dre)
