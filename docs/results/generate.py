@@ -2009,6 +2009,28 @@ def render_pieces_ch07(d4):
     return "\n".join(out) + "\n"
 
 
+RUN125_TXT = os.path.join(HERE, "09-engine-run125.txt")
+RUN126_EC = re.compile(r"^ec rc=(\d+) PASS (\d+) FAIL (\d+)")
+RUN126_CH07 = re.compile(r"^ch07 rc=(\d+) 07-attention: PASS, (\d+) of (\d+) checks passed")
+
+
+def run126_verdicts():
+    """Run 126's checks at the band of 4 (the H100 run of docs/results/09-engine-run125.txt): chapter 07's
+    (rc, passed, checks), engine_check's (rc, PASS, FAIL) and compute-sanitizer's {what: (exit status, summary)}."""
+    ch07, ec, tools = None, None, {}
+    for line in run_log_section(RUN125_TXT, "Run 126:"):
+        m = RUN122_TOOL.match(line)
+        if m:
+            tools[m.group(1)] = (int(m.group(2)), m.group(3).strip())
+        m = RUN126_EC.match(line)
+        if m:
+            ec = tuple(int(x) for x in m.groups())
+        m = RUN126_CH07.match(line)
+        if m:
+            ch07 = tuple(int(x) for x in m.groups())
+    return ch07, ec, tools
+
+
 def render_pieces_engine():
     """The engine under MV_DECODE_PIECES=8, 4 and 0 (run 125: json/09-engine.r125-pieces-*), the workload
     alternated two rounds with its step traces, and the latency mode at 48 to 128 rows."""
@@ -2045,6 +2067,17 @@ def render_pieces_engine():
     for i, label in enumerate([f"{lo} - {hi}" for lo, hi in PIECES_BANDS] + ["prompt steps"]):
         out.append(f"| {label} | {len(bands[4, 1][i])} | " + " | ".join(f"{ms(n, i):,.1f}" for n in PIECES)
                    + f" | {100 * ms(4, i) / ms(8, i):.1f}% |")
+    ch07, ec, tools = run126_verdicts()
+    if ch07 and ec and all(t in tools for t in ("07 v7 memcheck", "memcheck generate", "racecheck generate")):
+        out += ["", f"At the new default (run 126, the binaries of commit b7e4e83 on an NVIDIA H100 80GB HBM3): "
+                f"`./build/07-attention` {ch07[1]:,} of {ch07[2]:,} checks passed; `build/engine_check --device cuda` "
+                f"{ec[1]} PASS, {ec[2]} FAIL; compute-sanitizer:", "",
+                "| tool | over | exit status | summary |", "| --- | --- | --- | --- |"]
+        for t, over in (("07 v7 memcheck", "`07-attention --checks-only --kernel 7 --summary`"),
+                        ("memcheck generate", "`minivllm generate` (tiny-qwen3-mha, `tests/gpu/options.jsonl`)"),
+                        ("racecheck generate", "the same")):
+            name = "memcheck" if "memcheck" in t else "racecheck"
+            out.append(f"| {name} | {over} | {tools[t][0]} | {tools[t][1]} |")
     return "\n".join(out) + "\n"
 
 
