@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # tests/gpu/pieces_band.sh - with decode attention version 7's rows longest first, where should version 4's
 # pieces stop paying: 8 blocks a SM (33 to 132 rows of Qwen3-0.6B's 8 KV heads on 132 SMs), 4 (33 to 66 rows,
-# the default since run 125 measured it 0.6% faster on the workload: docs/09-engine.md, "Version 7's band"),
-# or none? MV_DECODE_PIECES moves the band's top (kernels/attention.h): 8, 4 (the default) or 0 (no pieces:
+# the default: docs/09-engine.md, "Version 7's band"), or none? MV_DECODE_PIECES moves the band's top (kernels/attention.h): 8, 4 (the default) or 0 (no pieces:
 # the order alone against the tail). From the repository root, with build/07-attention,
 # build/minivllm and build/engine_check built or carried:
 #   1. build/07-attention --kernel 7 with each setting: its checks, and the automatic count's times
