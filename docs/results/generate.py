@@ -2264,6 +2264,44 @@ def render_lt_probe():
     out += ["", f"At M = 24 to 256 the best is at most {100 * max(gain):.1f}% faster than the default "
             f"(median {100 * sorted(gain)[len(gain) // 2]:.1f}%)."]
     return "\n".join(out) + "\n"
+def render_lt_sweep():
+    """cuBLAS's default against the best configuration a sweep past the heuristic's list found: split-K, tile, stages,
+    cluster shape, swizzling, custom option (json/09-engine.lt-sweep.json, tests/gpu/lt_probe.cu --sweep)."""
+    d = load("09-engine.lt-sweep.json")
+    if not d:
+        return None
+    rows = d["rows"]
+    projs = list(dict.fromkeys(r["projection"] for r in rows))
+    out = [f"`build/lt_probe --sweep` (`tests/gpu/lt_probe.cu`) on one {d['gpu']}, {d.get('date', 'undated')}, "
+           f"commit {d['commit']}: timed as the table above; *best*: the fastest configuration found from the "
+           "heuristic's own (every one it returns as a seed, then split-K 1 to 8 with each reduction scheme, tile, "
+           "stages, cluster shape, swizzling and custom option moved one at a time from the 4 fastest, "
+           f"{min(r['timed'] for r in rows)} to {max(r['timed'] for r in rows)} configurations timed a problem); "
+           "*layer*: the four projections' sum:", "",
+           "| M | " + " | ".join(f"{p}: default / best" for p in projs) + " | layer: default / best |",
+           "| ---: | " + " | ".join("---:" for _ in projs) + " | ---: |"]
+    by = {}
+    for r in rows:
+        by.setdefault(r["M"], {})[r["projection"]] = r
+    for M in sorted(by):
+        rs = by[M]
+        cells = [f"{rs[p]['default_us']:.2f} / {rs[p]['best_us']:.2f}" for p in projs]
+        out.append(f"| {M} | " + " | ".join(cells) + f" | {sum(r['default_us'] for r in rs.values()):.2f} / "
+                   f"{sum(r['best_us'] for r in rs.values()):.2f} |")
+    gain = [1 - r["best_us"] / r["default_us"] for r in rows]
+    top = max(rows, key=lambda r: 1 - r["best_us"] / r["default_us"])
+    lay = [1 - sum(r["best_us"] for r in by[M].values()) / sum(r["default_us"] for r in by[M].values()) for M in by]
+    splitk = sorted({r["splitk"] for r in rows if r["splitk"] > 1})
+    out += ["", f"The best is at most {100 * max(gain):.1f}% faster than the default ({top['projection']} at M = "
+            f"{top['M']}; median {100 * sorted(gain)[len(gain) // 2]:.1f}%), a layer {100 * min(lay):.1f} to "
+            f"{100 * max(lay):.1f}% faster. Every best configuration is algorithm "
+            + ", ".join(str(i) for i in sorted({r["algo_id"] for r in rows}))
+            + (f"; split-K ({', '.join(str(k) for k in splitk)}) wins only for "
+               + ", ".join(sorted({f"{r['projection']} at M = {r['M']}" for r in rows if r['splitk'] > 1}))
+               if splitk else "; split-K never wins") + "."]
+    return "\n".join(out) + "\n"
+
+
 SWEEP_JSON = re.compile(r"^09-engine\.mk1\.sweep-(\d+)-(\d+)-(\d+)\.json$")
 
 
@@ -2638,6 +2676,9 @@ def blocks():
     lt = render_lt_probe()
     if lt:
         out["09-engine:lt-probe"] = ("09-engine.lt-probe.json", lt)
+    lts = render_lt_sweep()
+    if lts:
+        out["09-engine:lt-sweep"] = ("09-engine.lt-sweep.json", lts)
     sweep = render_megakernel_sweep()
     if sweep:
         out["09-engine:megakernel-sweep"] = ("09-engine.mk1.sweep-4096-4-8.json", sweep)
