@@ -265,6 +265,10 @@ typedef struct {
     // 1 (the default): q/k norm + RoPE and the KV store in one kernel
     // (qk_norm_rope_store_cuda, the same bits); MV_FUSED_ROPE_STORE=0: the two.
     int fused_rope_store;
+    // MV_PDL_EARLY=1: the decode graphs' programmatic edges leave their
+    // upstream kernel's launch-completion port instead of its programmatic
+    // port (move_edges_to_launch_completion); 0 (the default): as captured.
+    int pdl_early;
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
@@ -711,6 +715,9 @@ static const struct {
      "default)"},
     {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
     {"MV_SAMPLER", "1234", "1 to 4 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
+    {"MV_PDL_EARLY", "01",
+     "0 (a kernel in a decode graph starts when the kernel before it has triggered or finished, the default) or 1 "
+     "(when every block of the kernel before it has begun)"},
     {"MV_DECODE_ROPE", "01",
      "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
@@ -802,6 +809,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
+    s->pdl_early = getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "1");
     const char *dr = getenv("MV_DECODE_ROPE");
     s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
@@ -1635,8 +1643,51 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
+// MV_PDL_EARLY=1. A kernel launched with the PDL attribute is captured with
+// a programmatic edge from the kernel before it, leaving that kernel's
+// programmatic port: it fires when every block of the upstream kernel has
+// called pdl_launch_dependents() or exited. Ours call it first thing, but
+// cuBLAS's GEMMs never do, so the kernel after a GEMM is launched only as
+// the GEMM's last blocks exit. Moved to the launch-completion port, the edge
+// fires once every block of the upstream kernel has begun, so the kernel
+// after a GEMM is launched and resident while the GEMM runs. Either way it
+// waits in pdl_wait() until the GEMM has finished and its writes are
+// visible, so the bits are the same. Returns the number of edges moved, or
+// -1 with mv_error().
+static int move_edges_to_launch_completion(cudaGraph_t g) {
+    size_t n = 0;
+    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
+    if (n == 0) return 0;
+    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
+    cudaGraphEdgeData *data = malloc(n * sizeof *data);
+    int moved = 0;
+    if (!from || !to || !data) {
+        moved = mv_error("out of host memory for %zu graph edges", n);
+    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
+        moved = -1;
+    } else {
+        for (size_t i = 0; i < n && moved >= 0; i++) {
+            if (data[i].type != cudaGraphDependencyTypeProgrammatic ||
+                data[i].from_port != cudaGraphKernelNodePortProgrammatic)
+                continue;
+            cudaGraphEdgeData e = data[i];
+            e.from_port = cudaGraphKernelNodePortLaunchCompletion;
+            if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
+                CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
+                moved = -1;
+            else
+                moved++;
+        }
+    }
+    free(from);
+    free(to);
+    free(data);
+    return moved;
+}
+
 static int capture_decode_graphs_fast(model_runner_t *r) {
     cuda_state_t *s = r->state;
+    long long edges_moved = 0;
     size_t free0 = 0, free1 = 0, total = 0;
     if (CUDA_TRY(cudaDeviceSynchronize()) || CUDA_TRY(cudaMemGetInfo(&free0, &total))) return -1;
     const double t0 = now_seconds();
@@ -1655,6 +1706,14 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
             if (rc_enqueue) return mv_error_prefix("CUDA graph capture at batch size %d", Sg);
             return mv_error("CUDA graph capture at batch size %d: cudaStreamEndCapture: %s", Sg, cudaGetErrorName(end));
         }
+        if (s->pdl_early) {
+            const int moved = move_edges_to_launch_completion(g);
+            if (moved < 0) {
+                cudaGraphDestroy(g);
+                return mv_error_prefix("MV_PDL_EARLY=1: the graph of batch size %d", Sg);
+            }
+            edges_moved += moved;
+        }
         const cudaError_t inst = cudaGraphInstantiate(&s->graphs[k], g, 0);
         cudaGraphDestroy(g);
         if (inst != cudaSuccess) {
@@ -1664,6 +1723,9 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
         if (CUDA_TRY(cudaGraphUpload(s->graphs[k], s->stream))) return -1;
     }
     if (CUDA_TRY(cudaStreamSynchronize(s->stream)) || CUDA_TRY(cudaMemGetInfo(&free1, &total))) return -1;
+    if (s->pdl_early)
+        fprintf(stderr, "minivllm: MV_PDL_EARLY=1: %lld programmatic edges of %d decode graphs leave the launch-completion "
+                "port\n", edges_moved, s->num_sizes);
     r->graph_seconds = now_seconds() - t0;
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     r->num_graphs = s->num_sizes;
