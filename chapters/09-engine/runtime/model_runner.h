@@ -160,6 +160,8 @@ struct model_runner {
     int num_graphs;                   // cuda: decode CUDA graphs captured (0 with enforce_eager)
     double graph_seconds;             // cuda: time their warm-up and capture took at creation
     size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
+    long long graph_early_edges;      // cuda: their programmatic edges moved to the launch-completion port
+                                      // (0 with MV_PDL_EARLY=0)
     int megakernel_rows;              // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
     char megakernel_why[160];         // cuda: why not at the first size it does not take ("" when it takes all)
     int halves_rows, halves_max_rows; // cuda: decode steps of halves_rows to halves_max_rows rows run as two

@@ -265,9 +265,9 @@ typedef struct {
     // 1 (the default): q/k norm + RoPE and the KV store in one kernel
     // (qk_norm_rope_store_cuda, the same bits); MV_FUSED_ROPE_STORE=0: the two.
     int fused_rope_store;
-    // MV_PDL_EARLY=1: the decode graphs' programmatic edges leave their
+    // 1 (the default): the decode graphs' programmatic edges leave their
     // upstream kernel's launch-completion port instead of its programmatic
-    // port (move_edges_to_launch_completion); 0 (the default): as captured.
+    // port (move_edges_to_launch_completion); MV_PDL_EARLY=0: as captured.
     int pdl_early;
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
@@ -716,8 +716,8 @@ static const struct {
     {"MV_PACKED_UPLOAD", "01", "0 (a decode step's inputs in a copy per array) or 1 (in one copy, the default)"},
     {"MV_SAMPLER", "1234", "1 to 4 (kernels/sampling.h's versions; default " RUNNER_STR(SAMPLING_FAST) ")"},
     {"MV_PDL_EARLY", "01",
-     "0 (a kernel in a decode graph starts when the kernel before it has triggered or finished, the default) or 1 "
-     "(when every block of the kernel before it has begun)"},
+     "0 (a kernel in a decode graph starts when the kernel before it has triggered or finished) or 1 (when every "
+     "block of the kernel before it has begun, the default)"},
     {"MV_DECODE_ROPE", "01",
      "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
@@ -809,7 +809,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     r->state = s;
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
-    s->pdl_early = getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "1");
+    s->pdl_early = !(getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "0"));
     const char *dr = getenv("MV_DECODE_ROPE");
     s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
@@ -1643,7 +1643,7 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
-// MV_PDL_EARLY=1. A kernel launched with the PDL attribute is captured with
+// The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with the PDL attribute is captured with
 // a programmatic edge from the kernel before it, leaving that kernel's
 // programmatic port: it fires when every block of the upstream kernel has
 // called pdl_launch_dependents() or exited. Ours call it first thing, but
@@ -1710,7 +1710,7 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
             const int moved = move_edges_to_launch_completion(g);
             if (moved < 0) {
                 cudaGraphDestroy(g);
-                return mv_error_prefix("MV_PDL_EARLY=1: the graph of batch size %d", Sg);
+                return mv_error_prefix("the programmatic edges of the graph of batch size %d", Sg);
             }
             edges_moved += moved;
         }
@@ -1723,12 +1723,10 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
         if (CUDA_TRY(cudaGraphUpload(s->graphs[k], s->stream))) return -1;
     }
     if (CUDA_TRY(cudaStreamSynchronize(s->stream)) || CUDA_TRY(cudaMemGetInfo(&free1, &total))) return -1;
-    if (s->pdl_early)
-        fprintf(stderr, "minivllm: MV_PDL_EARLY=1: %lld programmatic edges of %d decode graphs leave the launch-completion "
-                "port\n", edges_moved, s->num_sizes);
     r->graph_seconds = now_seconds() - t0;
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     r->num_graphs = s->num_sizes;
+    r->graph_early_edges = edges_moved;
     return 0;
 }
 
