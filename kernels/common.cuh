@@ -66,13 +66,15 @@ int mv_num_sms(void);
 // A kernel launched with the PDL attribute (mv_launch while mv_pdl_enabled())
 // may start before the kernel ahead of it in the stream has finished: as soon
 // as every block of that kernel has called pdl_launch_dependents() (or
-// exited). Until it calls pdl_wait(), it may only read what no earlier kernel
-// writes (weights, constants) and may write nothing; pdl_wait() returns when
-// the kernel ahead has finished and its writes are visible. Since that kernel
-// passed its own pdl_wait() before finishing, every earlier kernel has
-// finished too. A decode-path kernel therefore starts with
-// pdl_launch_dependents() (let the next kernel get resident and issue its
-// weight loads) and calls pdl_wait() before its first read of an
+// exited), or, in the engine's decode graphs, once every block of it has
+// begun (runner_cuda.c moves the graphs' programmatic edges to the
+// launch-completion port). Until it calls pdl_wait(), it may only read what
+// no earlier kernel writes (weights, constants) and may write nothing;
+// pdl_wait() returns when the kernel ahead has finished and its writes are
+// visible. Since that kernel passed its own pdl_wait() before finishing,
+// every earlier kernel has finished too. A decode-path kernel therefore
+// starts with pdl_launch_dependents() (let the next kernel get resident and
+// issue its weight loads) and calls pdl_wait() before its first read of an
 // activation. Launched without the attribute both are no-ops, so the same
 // kernel serves plain launches and the chapters' checks.
 __device__ __forceinline__ void pdl_wait(void) {

@@ -11,7 +11,9 @@
  * results are the same bits either way; only the gaps between kernels change.
  *
  * The engine turns it on while it captures its decode CUDA graphs and off
- * again after (chapters/09-engine/runtime/runner_cuda.c). Off by default.
+ * again after (chapters/09-engine/runtime/runner_cuda.c), and moves the
+ * graphs' programmatic edges to the upstream kernel's launch-completion port
+ * (unless MV_PDL_EARLY=0). Off by default.
  */
 #ifndef MV_KERNELS_PDL_H
 #define MV_KERNELS_PDL_H

@@ -2081,6 +2081,42 @@ def render_pieces_engine():
     return "\n".join(out) + "\n"
 
 
+def render_pdl_early():
+    """The decode graphs' programmatic edges as captured (MV_PDL_EARLY=0) against moved to the launch-completion
+    port (1): run 131's workload, alternated two rounds, and its latency mode at 64 and 256 rows
+    (json/09-engine.r131-early-*); run 132's latency rounds at 1 to 128 rows where present
+    (json/09-engine.r132-early-*-lat{1,2}.json)."""
+    wl = {(e, r): load(f"09-engine.r131-early-{e}-r{r}.json") for e in (0, 1) for r in (1, 2)}
+    lat = {e: load(f"09-engine.r131-early-{e}-lat.json") for e in (0, 1)}
+    if not all(wl.values()) or not all(lat.values()):
+        return None
+    g = wl[1, 1]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = [f"`MV_PDL_EARLY=0|1 minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` "
+           f"on **{g['gpu']}**, {g['date'][:10]} (run 131, commit {g['commit']}), the two settings alternated in one "
+           "call; 0: every programmatic edge as captured, 1: moved to the upstream kernel's launch-completion port. "
+           "Output tok/s (and the time per output token):", "",
+           "| run | edges as captured (0) | launch completion (1) | 1 / 0 |", "| --- | ---: | ---: | ---: |",
+           "| nano-vllm's workload, greedy (`--input W --repeat 2`), rounds 1 / 2 | "
+           + " | ".join(tok_cell([wl[e, 1], wl[e, 2]]) for e in (0, 1))
+           + f" | {100 * mean([wl[1, 1], wl[1, 2]]) / mean([wl[0, 1], wl[0, 2]]):.1f}% |"]
+    rows = [(b, [lat[0]], [lat[1]]) for b in (64, 256)]
+    l2 = {(e, r): load(f"09-engine.r132-early-{e}-lat{r}.json") for e in (0, 1) for r in (1, 2)}
+    if all(l2.values()):
+        rows = [(b["batch"], [l2[0, 1], l2[0, 2]], [l2[1, 1], l2[1, 2]]) for b in l2[0, 1]["batches"]] + rows
+        h = l2[1, 1]
+        out[0] += (f" Rows of 1 to 128: run 132 on **{h['gpu']}**, {h['date'][:10]}, commit {h['commit']}, two "
+                   "rounds each.")
+    for b, x0, x1 in sorted(rows, key=lambda t: t[0]):
+        out.append(f"| latency, {b} rows (512 + 256, `--repeat 2`) | {lat_cell(x0, b)} | {lat_cell(x1, b)} | "
+                   f"{100 * lat_mean(x1, b) / lat_mean(x0, b):.1f}% |")
+    edges = g.get("graph_early_edges")
+    if edges:
+        out += ["", f"Edges moved in the {g['cuda_graphs']} decode graphs of Qwen3-0.6B's shapes with "
+                f"`--max-num-seqs {g['config']['max_num_seqs']}`: {edges:,}."]
+    return "\n".join(out) + "\n"
+
+
 PREFILL_NCU = "09-engine.r127-prefill-ncu.csv"
 PREFILL_ROWS, PREFILL_LEN = 14, 585  # run 127's --batch and --prompt-len
 
@@ -2694,6 +2730,9 @@ def blocks():
     dpc = render_pieces_engine()
     if dpc:
         out["09-engine:decode-pieces"] = ("09-engine.r125-pieces-4-r1.json", dpc)
+    pe = render_pdl_early()
+    if pe:
+        out["09-engine:pdl-early"] = ("09-engine.r131-early-1-r1.json", pe)
     pk = render_prefill_kernels()
     if pk:
         out["09-engine:prefill-kernels"] = (PREFILL_NCU, pk)
