@@ -2094,7 +2094,8 @@ def render_pdl_early():
     mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
     out = [f"`MV_PDL_EARLY=0|1 minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` "
            f"on **{g['gpu']}**, {g['date'][:10]} (run 131, commit {g['commit']}), the two settings alternated in one "
-           "call; 0: every programmatic edge as captured, 1: moved to the upstream kernel's launch-completion port. "
+           "call; 0: every programmatic edge as captured, 1: every one of every decode graph moved to the upstream "
+           "kernel's launch-completion port (the switch as it was then). "
            "Output tok/s (and the time per output token):", "",
            "| run | edges as captured (0) | launch completion (1) | 1 / 0 |", "| --- | ---: | ---: | ---: |",
            "| nano-vllm's workload, greedy (`--input W --repeat 2`), rounds 1 / 2 | "
@@ -2105,10 +2106,12 @@ def render_pdl_early():
     if all(l2.values()):
         rows = [(b["batch"], [l2[0, 1], l2[0, 2]], [l2[1, 1], l2[1, 2]]) for b in l2[0, 1]["batches"]] + rows
         h = l2[1, 1]
-        out[0] += (f" Rows of 1 to 128: run 132 on **{h['gpu']}**, {h['date'][:10]}, commit {h['commit']}, two "
-                   "rounds each.")
+        out[0] = out[0].replace(" Output tok/s", f" The latency at 1 to 128 rows: run 132 on **{h['gpu']}**, "
+                                f"{h['date'][:10]}, commit {h['commit']}, two rounds of each setting, alternated. "
+                                "Output tok/s")
     for b, x0, x1 in sorted(rows, key=lambda t: t[0]):
-        out.append(f"| latency, {b} rows (512 + 256, `--repeat 2`) | {lat_cell(x0, b)} | {lat_cell(x1, b)} | "
+        out.append(f"| latency, {b} row{'s' if b > 1 else ''} (512 + 256, `--repeat 2`) | {lat_cell(x0, b)} | "
+                   f"{lat_cell(x1, b)} | "
                    f"{100 * lat_mean(x1, b) / lat_mean(x0, b):.1f}% |")
     edges = g.get("graph_early_edges")
     if edges:

@@ -1331,6 +1331,12 @@ static int megakernel_prepare(model_runner_t *r) {
     return 0;
 }
 
+// 1 when a decode step of S rows runs as two halves at once (halves_lo to
+// halves_hi rows, never with collectives).
+static int runs_as_halves(const cuda_state_t *s, int S) {
+    return s->halves_lo > 0 && !s->collectives && S >= s->halves_lo && S <= s->halves_hi;
+}
+
 // The whole forward pass of a step of T tokens, S rows and N sampled rows,
 // enqueued from the fixed device buffers alone: no host value of the step
 // but these sizes and the attention bounds enters a launch, so the same call
@@ -1375,7 +1381,7 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     rows_part_t parts[2] = {{s->stream, s->cublas, 0, T, S, s->d_attn_ws, s->attn_ws_bytes, 0}};
     int num_parts = 1;
     const int pdl = mv_pdl_enabled();
-    if (s->halves_lo > 0 && !s->collectives && T == S && S >= s->halves_lo && S <= s->halves_hi) {
+    if (T == S && runs_as_halves(s, S)) {
         const int h = S / 2;
         parts[0].T = parts[0].S = h;
         parts[0].half = 1;
@@ -1706,7 +1712,10 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
             if (rc_enqueue) return mv_error_prefix("CUDA graph capture at batch size %d", Sg);
             return mv_error("CUDA graph capture at batch size %d: cudaStreamEndCapture: %s", Sg, cudaGetErrorName(end));
         }
-        if (s->pdl_early) {
+        // Not in the megakernel's graphs nor in those run as two halves: there
+        // the moved edges measured slower (docs/09-engine.md, "The edges after
+        // cuBLAS's kernels").
+        if (s->pdl_early && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
             const int moved = move_edges_to_launch_completion(g);
             if (moved < 0) {
                 cudaGraphDestroy(g);
