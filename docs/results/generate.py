@@ -2113,6 +2113,16 @@ def render_pdl_early():
         out.append(f"| latency, {b} row{'s' if b > 1 else ''} (512 + 256, `--repeat 2`) | {lat_cell(x0, b)} | "
                    f"{lat_cell(x1, b)} | "
                    f"{100 * lat_mean(x1, b) / lat_mean(x0, b):.1f}% |")
+    l3 = {e: load(f"09-engine.r133-early-{e}-lat.json") for e in (0, 1)}
+    if all(l3.values()):
+        h = l3[1]
+        out += ["", f"At the rule the engine keeps (the megakernel's graphs and the two halves' as captured): run 133 "
+                f"on **{h['gpu']}** (another machine), {h['date'][:10]}, commit {h['commit']}, one round of each, "
+                f"{h['graph_early_edges']:,} edges moved in its {h['cuda_graphs']} graphs:", "",
+                "| run | edges as captured (0) | the default (1) | 1 / 0 |", "| --- | ---: | ---: | ---: |"]
+        for b in (x["batch"] for x in l3[0]["batches"]):
+            out.append(f"| latency, {b} row{'s' if b > 1 else ''} (512 + 256, `--repeat 2`) | {lat_cell([l3[0]], b)} | "
+                       f"{lat_cell([l3[1]], b)} | {100 * lat_mean([l3[1]], b) / lat_mean([l3[0]], b):.1f}% |")
     edges = g.get("graph_early_edges")
     if edges:
         out += ["", f"Edges moved in the {g['cuda_graphs']} decode graphs of Qwen3-0.6B's shapes with "
