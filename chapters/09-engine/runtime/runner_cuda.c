@@ -1649,10 +1649,10 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
-// The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with the PDL attribute is captured with
-// a programmatic edge from the kernel before it, leaving that kernel's
-// programmatic port: it fires when every block of the upstream kernel has
-// called pdl_launch_dependents() or exited. Ours call it first thing, but
+// The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with
+// the PDL attribute is captured with a programmatic edge from the kernel
+// before it, leaving that kernel's programmatic port: it fires when every
+// block of the upstream kernel has called pdl_launch_dependents() or exited. Ours call it first thing, but
 // cuBLAS's GEMMs never do, so the kernel after a GEMM is launched only as
 // the GEMM's last blocks exit. Moved to the launch-completion port, the edge
 // fires once every block of the upstream kernel has begun, so the kernel
