@@ -147,6 +147,19 @@ static float max_diff(const bf16 *d_a, const bf16 *d_b, size_t n, std::vector<bf
     return m;
 }
 
+// Up to max configurations cublasLt's heuristic offers for the problem, with
+// the engine's workspace; returns how many it wrote into res.
+static int heuristic_list(cublasLtHandle_t lt, const problem &p, cublasLtMatmulHeuristicResult_t *res, int max) {
+    cublasLtMatmulPreference_t pref;
+    CB(cublasLtMatmulPreferenceCreate(&pref));
+    size_t wsb = WS;
+    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    int n = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.la, p.lb, p.lc, p.lc, pref, max, res, &n));
+    cublasLtMatmulPreferenceDestroy(pref);
+    return n;
+}
+
 // A configuration of one algorithm: what --sweep sets and reports.
 struct config {
     cublasLtMatmulAlgo_t algo;
@@ -225,14 +238,8 @@ static config sweep(cublasLtHandle_t lt, const problem &p, void *ws, cudaStream_
         ++*timed;
         return u;
     };
-    cublasLtMatmulPreference_t pref;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    size_t wsb = WS;
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     cublasLtMatmulHeuristicResult_t res[64];
-    int nres = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 64, res, &nres));
-    cublasLtMatmulPreferenceDestroy(pref);
+    const int nres = heuristic_list(lt, p, res, 64);
     std::vector<config> seeds;
     for (int i = 0; i < nres; i++) {
         if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
@@ -322,6 +329,10 @@ int main(int argc, char **argv) {
     const int nM = do_sweep ? 6 : 12;
     const int nshapes = do_sweep ? 4 : 5;
     const double cap_s = getenv("LT_SWEEP_S") ? atof(getenv("LT_SWEEP_S")) : 5.0;
+    if (!(cap_s > 0.0)) {
+        fprintf(stderr, "lt_probe: LT_SWEEP_S=%s: it takes a time in seconds above 0\n", getenv("LT_SWEEP_S"));
+        return 2;
+    }
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cublasHandle_t h;
@@ -418,14 +429,8 @@ int main(int argc, char **argv) {
                             first ? "" : ",\n", s.name, s.N, s.K, M, t_def, tb_us, timed, cfg0, b.id, b.tile, b.stages,
                             b.splitk, b.red, b.swz, b.custom, b.cluster, dmax);
             } else {
-                cublasLtMatmulPreference_t pref;
-                CB(cublasLtMatmulPreferenceCreate(&pref));
-                size_t wsb = WS;
-                CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                                        sizeof wsb));
                 cublasLtMatmulHeuristicResult_t res[32];
-                int nres = 0;
-                CB(cublasLtMatmulAlgoGetHeuristic(lt, p.op, p.la, p.lb, p.lc, p.lc, pref, 32, res, &nres));
+                const int nres = heuristic_list(lt, p, res, 32);
                 float t0 = -1, tbest = 1e30f, dmax = 0.0f;
                 int ibest = -1;
                 for (int i = 0; i < nres; i++) {
@@ -444,7 +449,6 @@ int main(int argc, char **argv) {
                                 "\"lt_first_us\": %.3f, \"best_us\": %.3f, \"best_index\": %d, \"algos\": %d, "
                                 "\"max_abs_diff\": %.3e}",
                             first ? "" : ",\n", s.name, s.N, s.K, M, t_def, t0, tbest, ibest, nres, dmax);
-                cublasLtMatmulPreferenceDestroy(pref);
             }
             first = 0;
             cublasLtMatrixLayoutDestroy(p.la);
