@@ -1649,17 +1649,17 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
-// The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with
-// the PDL attribute is captured with a programmatic edge from the kernel
-// before it, leaving that kernel's programmatic port: it fires when every
-// block of the upstream kernel has called pdl_launch_dependents() or exited. Ours call it first thing, but
-// cuBLAS's GEMMs never do, so the kernel after a GEMM is launched only as
-// the GEMM's last blocks exit. Moved to the launch-completion port, the edge
-// fires once every block of the upstream kernel has begun, so the kernel
-// after a GEMM is launched and resident while the GEMM runs. Either way it
-// waits in pdl_wait() until the GEMM has finished and its writes are
-// visible, so the bits are the same. Returns the number of edges moved, or
-// -1 with mv_error().
+// The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with the
+// PDL attribute is captured with a programmatic edge from the kernel before it,
+// leaving that kernel's programmatic port: it fires when every block of the
+// upstream kernel has called pdl_launch_dependents() or exited. Ours call it
+// first thing, but cuBLAS's GEMMs never do, so the kernel after a GEMM is
+// launched only as the GEMM's last blocks exit. Moved to the launch-completion
+// port, the edge fires once every block of the upstream kernel has begun, so
+// the kernel after a GEMM is launched and resident while the GEMM runs. Either
+// way it waits in pdl_wait() until the GEMM has finished and its writes are
+// visible, so the bits are the same. Returns the number of edges moved, or -1
+// with mv_error().
 static int move_edges_to_launch_completion(cudaGraph_t g) {
     size_t n = 0;
     if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
