@@ -86,6 +86,7 @@
 
 #if MV_HAVE_CUDA
 #include <cublas_v2.h>
+#include <cuda.h>  // the driver's types, for two entry points (kernel_node_name)
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <math.h>
@@ -269,6 +270,10 @@ typedef struct {
     // upstream kernel's launch-completion port instead of its programmatic
     // port (move_edges_to_launch_completion); MV_PDL_EARLY=0: as captured.
     int pdl_early;
+    // 1 (MV_PDL_GEMM=1): the edges into cuBLAS's nvjet kernels in those
+    // graphs made programmatic too (programmatic_edges_into_gemms); 0 (the
+    // default): full dependencies, as captured.
+    int pdl_gemm;
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
@@ -718,6 +723,9 @@ static const struct {
     {"MV_PDL_EARLY", "01",
      "0 (a kernel in a decode graph starts when the kernel before it has triggered or finished) or 1 (when every "
      "block of the kernel before it has begun, the default)"},
+    {"MV_PDL_GEMM", "01",
+     "0 (a cuBLAS GEMM in a decode graph starts when the kernel before it has finished, the default) or 1 (when "
+     "that kernel has triggered; the GEMM waits for it in griddepcontrol.wait)"},
     {"MV_DECODE_ROPE", "01",
      "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
@@ -810,6 +818,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->pdl_early = !(getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "0"));
+    s->pdl_gemm = getenv("MV_PDL_GEMM") && !strcmp(getenv("MV_PDL_GEMM"), "1");
     const char *dr = getenv("MV_DECODE_ROPE");
     s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
@@ -1691,9 +1700,96 @@ static int move_edges_to_launch_completion(cudaGraph_t g) {
     return moved;
 }
 
+// The name of a graph's kernel node, whoever launched it (cuBLAS launches
+// through the driver, so the runtime's cudaKernelNodeParams may not name its
+// function): the driver's cuGraphKernelNodeGetParams and cuFuncGetName (or
+// cuKernelGetName), found through the runtime. NULL when it cannot be told.
+static const char *kernel_node_name(cudaGraphNode_t node) {
+    typedef CUresult (*get_params_fn)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+    typedef CUresult (*func_name_fn)(const char **, CUfunction);
+    typedef CUresult (*kernel_name_fn)(const char **, CUkernel);
+    static get_params_fn get_params;
+    static func_name_fn func_name;
+    static kernel_name_fn kernel_name;
+    static int looked;
+    if (!looked) {
+        enum cudaDriverEntryPointQueryResult q;
+        void *p = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &p, 12030, cudaEnableDefault, &q) ==
+                cudaSuccess && q == cudaDriverEntryPointSuccess)
+            get_params = (get_params_fn)p;
+        if (cudaGetDriverEntryPointByVersion("cuFuncGetName", &p, 12030, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            func_name = (func_name_fn)p;
+        if (cudaGetDriverEntryPointByVersion("cuKernelGetName", &p, 12030, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            kernel_name = (kernel_name_fn)p;
+        cudaGetLastError();  // a missing entry point is not the next call's error
+        looked = 1;
+    }
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    const char *name = NULL;
+    if (!get_params || get_params((CUgraphNode)node, &kp) != CUDA_SUCCESS) return NULL;
+    if (kp.func && func_name && func_name(&name, kp.func) == CUDA_SUCCESS) return name;
+    if (kp.kern && kernel_name && kernel_name(&name, kp.kern) == CUDA_SUCCESS) return name;
+    return NULL;
+}
+
+// MV_PDL_GEMM=1: a cuBLAS GEMM is launched without the PDL attribute, so it
+// is captured with a full edge from the kernel before it and is launched
+// only when that kernel has finished. If its Hopper kernels (named nvjet_...)
+// execute griddepcontrol.wait (SASS ACQBULK) before they touch memory, the
+// edge can be programmatic: the GEMM is launched while the kernel before it
+// runs, and waits there until that kernel has finished and its writes are
+// visible. Off by default until that is shown. Only an nvjet kernel's single incoming edge from a kernel node is
+// changed; it leaves the upstream kernel's launch-completion port when early
+// is set (as move_edges_to_launch_completion's edges do), else its
+// programmatic port. Returns the number of edges changed, or -1 with
+// mv_error().
+static int programmatic_edges_into_gemms(cudaGraph_t g, int early) {
+    size_t n = 0;
+    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
+    if (n == 0) return 0;
+    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
+    cudaGraphEdgeData *data = malloc(n * sizeof *data);
+    int changed = 0;
+    if (!from || !to || !data) {
+        changed = mv_error("out of host memory for %zu graph edges", n);
+    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
+        changed = -1;
+    } else {
+        for (size_t i = 0; i < n && changed >= 0; i++) {
+            if (data[i].type != cudaGraphDependencyTypeDefault) continue;
+            enum cudaGraphNodeType tf, tt;
+            size_t deps = 0;
+            if (CUDA_TRY(cudaGraphNodeGetType(from[i], &tf)) || CUDA_TRY(cudaGraphNodeGetType(to[i], &tt)) ||
+                CUDA_TRY(cudaGraphNodeGetDependencies(to[i], NULL, NULL, &deps))) {
+                changed = -1;
+                break;
+            }
+            if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel || deps != 1) continue;
+            const char *name = kernel_node_name(to[i]);
+            if (!name || strncmp(name, "nvjet", 5) != 0) continue;
+            cudaGraphEdgeData e = data[i];
+            e.type = cudaGraphDependencyTypeProgrammatic;
+            e.from_port = early ? cudaGraphKernelNodePortLaunchCompletion : cudaGraphKernelNodePortProgrammatic;
+            if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
+                CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
+                changed = -1;
+            else
+                changed++;
+        }
+    }
+    free(from);
+    free(to);
+    free(data);
+    return changed;
+}
+
 static int capture_decode_graphs_fast(model_runner_t *r) {
     cuda_state_t *s = r->state;
-    long long edges_moved = 0;
+    long long edges_moved = 0, gemm_edges = 0;
     size_t free0 = 0, free1 = 0, total = 0;
     if (CUDA_TRY(cudaDeviceSynchronize()) || CUDA_TRY(cudaMemGetInfo(&free0, &total))) return -1;
     const double t0 = now_seconds();
@@ -1723,6 +1819,14 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
             }
             edges_moved += moved;
         }
+        if (s->pdl_gemm && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
+            const int changed = programmatic_edges_into_gemms(g, s->pdl_early);
+            if (changed < 0) {
+                cudaGraphDestroy(g);
+                return mv_error_prefix("the edges into the GEMMs of the graph of batch size %d", Sg);
+            }
+            gemm_edges += changed;
+        }
         const cudaError_t inst = cudaGraphInstantiate(&s->graphs[k], g, 0);
         cudaGraphDestroy(g);
         if (inst != cudaSuccess) {
@@ -1736,6 +1840,7 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     r->num_graphs = s->num_sizes;
     r->graph_early_edges = edges_moved;
+    r->graph_gemm_edges = gemm_edges;
     return 0;
 }
 
