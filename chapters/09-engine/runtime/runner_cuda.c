@@ -274,6 +274,10 @@ typedef struct {
     // graphs made programmatic too (programmatic_edges_into_gemms); 0 (the
     // default): full dependencies, as captured.
     int pdl_gemm;
+    // 1 (MV_L2_PREFETCH=1): in the decode graphs, the norm or SiluAndMul
+    // ahead of a cuBLAS GEMM asks L2 for that GEMM's weight before it waits
+    // for the kernel ahead (gemm_prefetch); 0 (the default): no prefetch.
+    int l2_prefetch;
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
@@ -726,6 +730,9 @@ static const struct {
     {"MV_PDL_GEMM", "01",
      "0 (a cuBLAS GEMM in a decode graph starts when the kernel before it has finished, the default) or 1 (when "
      "that kernel has triggered; the GEMM waits for it in griddepcontrol.wait)"},
+    {"MV_L2_PREFETCH", "01",
+     "0 (no prefetch, the default) or 1 (in the decode graphs the kernel ahead of a cuBLAS GEMM asks L2 for its "
+     "weight before it waits)"},
     {"MV_DECODE_ROPE", "01",
      "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
@@ -819,6 +826,7 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->pdl_early = !(getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "0"));
     s->pdl_gemm = getenv("MV_PDL_GEMM") && !strcmp(getenv("MV_PDL_GEMM"), "1");
+    s->l2_prefetch = getenv("MV_L2_PREFETCH") && !strcmp(getenv("MV_L2_PREFETCH"), "1");
     const char *dr = getenv("MV_DECODE_ROPE");
     s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
@@ -1122,6 +1130,20 @@ typedef struct {
     int half;                 // 1: one of two halves of a decode step
 } rows_part_t;
 
+// The L2 prefetch that the norm or SiluAndMul ahead of the projection
+// y = x W^T (W [N, K]) issues before it waits for the kernel ahead
+// (MV_L2_PREFETCH=1, kernels/rmsnorm.h): W's bytes when the step is a
+// graphed decode step and the projection runs cuBLAS's GEMM, which then
+// finds its weight in L2; 0 otherwise (a GEMV streams its own weight from
+// before its wait). *pf: where.
+static size_t gemm_prefetch(const cuda_state_t *s, const bf16_t *x, const bf16_t *W, int M, int N, int K,
+                            const void **pf) {
+    *pf = NULL;
+    if (!s->l2_prefetch || !s->fast_decode || linear_auto_version(x, W, M, N, K) != LINEAR_CUBLAS) return 0;
+    *pf = W;
+    return (size_t)N * K * sizeof(bf16_t);
+}
+
 // One decoder layer over a part's T tokens (see the list at the top).
 // decode_rows: how many rows, from the first, have one query token each
 // (all S in a decode step; in a mixed step the running rows ahead of the
@@ -1209,15 +1231,19 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
         (tp && tp_allreduce_sum(s, x, (size_t)T * H, "o_proj")))
         return -1;
 
-    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, hidden, residual, x, cl->d_post_norm, T, H, eps, st) ||
+    const void *pf = NULL;
+    size_t pf_bytes = gemm_prefetch(s, hidden, cl->d_gate_up, T, gu, H, &pf);
+    if (fused_add_rmsnorm_prefetch_cuda(RMSNORM_FAST, hidden, residual, x, cl->d_post_norm, T, H, eps, pf, pf_bytes,
+                                        st) ||
         linear_cuda(cb, gate_up, hidden, cl->d_gate_up, NULL, T, gu, H, st))
         return -1;
+    pf_bytes = gemm_prefetch(s, act, cl->d_down, T, H, I, &pf);
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
     if (s->fast_decode && T == S && linear_auto_version(act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
         if (linear_silu_mul_cuda(x, gate_up, cl->d_down, T, H, I, st)) return -1;
-    } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, st) ||
+    } else if (silu_and_mul_prefetch_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, pf, pf_bytes, st) ||
                linear_cuda(cb, x, act, cl->d_down, NULL, T, H, I, st)) {
         return -1;
     }
@@ -1402,9 +1428,12 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     for (int part = 0; part < num_parts; part++) {
         const rows_part_t *p = &parts[part];
         const size_t o = (size_t)p->row0 * H;
+        const void *pf = NULL;
+        const size_t pf_bytes =
+            gemm_prefetch(s, s->d_hidden + o, s->layers[0].d_qkv, p->T, s->layout.qkv.rows, H, &pf);
         if ((part > 0 && pdl && mv_pdl_set(0)) ||
-            rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->layers[0].d_input_norm, p->T, H, eps,
-                         p->stream) ||
+            rmsnorm_prefetch_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->layers[0].d_input_norm, p->T,
+                                  H, eps, pf, pf_bytes, p->stream) ||
             (part > 0 && pdl && mv_pdl_set(1)))
             return -1;
     }
@@ -1414,8 +1443,12 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         for (int part = 0; part < num_parts; part++) {
             const rows_part_t *p = &parts[part];
             const size_t o = (size_t)p->row0 * H;
-            if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->d_x + o,
-                                                 s->layers[l].d_input_norm, p->T, H, eps, p->stream)) ||
+            const void *pf = NULL;
+            const size_t pf_bytes =
+                gemm_prefetch(s, s->d_hidden + o, s->layers[l].d_qkv, p->T, s->layout.qkv.rows, H, &pf);
+            if ((l > 0 && fused_add_rmsnorm_prefetch_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o,
+                                                          s->d_x + o, s->layers[l].d_input_norm, p->T, H, eps, pf,
+                                                          pf_bytes, p->stream)) ||
                 cuda_layer(r, s, &s->layers[l], p, max_seqlen_q, max_context_len, decode_rows))
                 return mv_error_prefix("layer %d", l);
         }
