@@ -268,10 +268,10 @@ typedef struct {
     int fused_rope_store;
     // 1 (the default): the decode graphs' programmatic edges leave their
     // upstream kernel's launch-completion port instead of its programmatic
-    // port (move_edges_to_launch_completion); MV_PDL_EARLY=0: as captured.
+    // port (edge_to_launch_completion); MV_PDL_EARLY=0: as captured.
     int pdl_early;
     // 1 (MV_PDL_GEMM=1): the edges into cuBLAS's nvjet kernels in those
-    // graphs made programmatic too (programmatic_edges_into_gemms); 0 (the
+    // graphs made programmatic too (edge_into_gemm); 0 (the
     // default): full dependencies, as captured.
     int pdl_gemm;
     // 1 (MV_L2_PREFETCH=1): in the decode graphs, the norm or SiluAndMul
@@ -1691,6 +1691,42 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
+// Every edge of g passed to rule(from, to, data, ctx): 1 when it has
+// replaced *data with the edge to put in its place, 0 to keep it, -1 on an
+// error (with mv_error()). Returns the number of edges replaced, or -1.
+typedef int (*edge_rule_fn)(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *data, const void *ctx);
+static int rewrite_edges(cudaGraph_t g, edge_rule_fn rule, const void *ctx) {
+    size_t n = 0;
+    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
+    if (n == 0) return 0;
+    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
+    cudaGraphEdgeData *data = malloc(n * sizeof *data);
+    int changed = 0;
+    if (!from || !to || !data) {
+        changed = mv_error("out of host memory for %zu graph edges", n);
+    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
+        changed = -1;
+    } else {
+        for (size_t i = 0; i < n && changed >= 0; i++) {
+            cudaGraphEdgeData e = data[i];
+            const int rc = rule(from[i], to[i], &e, ctx);
+            if (rc < 0)
+                changed = -1;
+            else if (rc == 0)
+                continue;
+            else if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
+                     CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
+                changed = -1;
+            else
+                changed++;
+        }
+    }
+    free(from);
+    free(to);
+    free(data);
+    return changed;
+}
+
 // The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with the
 // PDL attribute is captured with a programmatic edge from the kernel before it,
 // leaving that kernel's programmatic port: it fires when every block of the
@@ -1700,37 +1736,14 @@ static int capture_decode_graphs(model_runner_t *r) {
 // port, the edge fires once every block of the upstream kernel has begun, so
 // the kernel after a GEMM is launched and resident while the GEMM runs. Either
 // way it waits in pdl_wait() until the GEMM has finished and its writes are
-// visible, so the bits are the same. Returns the number of edges moved, or -1
-// with mv_error().
-static int move_edges_to_launch_completion(cudaGraph_t g) {
-    size_t n = 0;
-    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
-    if (n == 0) return 0;
-    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
-    cudaGraphEdgeData *data = malloc(n * sizeof *data);
-    int moved = 0;
-    if (!from || !to || !data) {
-        moved = mv_error("out of host memory for %zu graph edges", n);
-    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
-        moved = -1;
-    } else {
-        for (size_t i = 0; i < n && moved >= 0; i++) {
-            if (data[i].type != cudaGraphDependencyTypeProgrammatic ||
-                data[i].from_port != cudaGraphKernelNodePortProgrammatic)
-                continue;
-            cudaGraphEdgeData e = data[i];
-            e.from_port = cudaGraphKernelNodePortLaunchCompletion;
-            if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
-                CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
-                moved = -1;
-            else
-                moved++;
-        }
-    }
-    free(from);
-    free(to);
-    free(data);
-    return moved;
+// visible, so the bits are the same. The rule for rewrite_edges.
+static int edge_to_launch_completion(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *e,
+                                     const void *ctx) {
+    (void)from, (void)to, (void)ctx;
+    if (e->type != cudaGraphDependencyTypeProgrammatic || e->from_port != cudaGraphKernelNodePortProgrammatic)
+        return 0;
+    e->from_port = cudaGraphKernelNodePortLaunchCompletion;
+    return 1;
 }
 
 // The name of a graph's kernel node, whoever launched it (cuBLAS launches
@@ -1775,49 +1788,24 @@ static const char *kernel_node_name(cudaGraphNode_t node) {
 // execute griddepcontrol.wait (SASS ACQBULK) before they touch memory, the
 // edge can be programmatic: the GEMM is launched while the kernel before it
 // runs, and waits there until that kernel has finished and its writes are
-// visible. Off by default until that is shown. Only an nvjet kernel's single incoming edge from a kernel node is
-// changed; it leaves the upstream kernel's launch-completion port when early
-// is set (as move_edges_to_launch_completion's edges do), else its
-// programmatic port. Returns the number of edges changed, or -1 with
-// mv_error().
-static int programmatic_edges_into_gemms(cudaGraph_t g, int early) {
-    size_t n = 0;
-    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
-    if (n == 0) return 0;
-    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
-    cudaGraphEdgeData *data = malloc(n * sizeof *data);
-    int changed = 0;
-    if (!from || !to || !data) {
-        changed = mv_error("out of host memory for %zu graph edges", n);
-    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
-        changed = -1;
-    } else {
-        for (size_t i = 0; i < n && changed >= 0; i++) {
-            if (data[i].type != cudaGraphDependencyTypeDefault) continue;
-            enum cudaGraphNodeType tf, tt;
-            size_t deps = 0;
-            if (CUDA_TRY(cudaGraphNodeGetType(from[i], &tf)) || CUDA_TRY(cudaGraphNodeGetType(to[i], &tt)) ||
-                CUDA_TRY(cudaGraphNodeGetDependencies(to[i], NULL, NULL, &deps))) {
-                changed = -1;
-                break;
-            }
-            if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel || deps != 1) continue;
-            const char *name = kernel_node_name(to[i]);
-            if (!name || strncmp(name, "nvjet", 5) != 0) continue;
-            cudaGraphEdgeData e = data[i];
-            e.type = cudaGraphDependencyTypeProgrammatic;
-            e.from_port = early ? cudaGraphKernelNodePortLaunchCompletion : cudaGraphKernelNodePortProgrammatic;
-            if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
-                CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
-                changed = -1;
-            else
-                changed++;
-        }
-    }
-    free(from);
-    free(to);
-    free(data);
-    return changed;
+// visible. Off by default until that is shown. The rule for rewrite_edges:
+// the single edge into an nvjet kernel from a kernel node, made
+// programmatic from the upstream kernel's launch-completion port when *ctx
+// (MV_PDL_EARLY) is set, as edge_to_launch_completion's are, else from its
+// programmatic port.
+static int edge_into_gemm(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *e, const void *ctx) {
+    if (e->type != cudaGraphDependencyTypeDefault) return 0;
+    enum cudaGraphNodeType tf, tt;
+    size_t deps = 0;
+    if (CUDA_TRY(cudaGraphNodeGetType(from, &tf)) || CUDA_TRY(cudaGraphNodeGetType(to, &tt)) ||
+        CUDA_TRY(cudaGraphNodeGetDependencies(to, NULL, NULL, &deps)))
+        return -1;
+    if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel || deps != 1) return 0;
+    const char *name = kernel_node_name(to);
+    if (!name || strncmp(name, "nvjet", 5) != 0) return 0;
+    e->type = cudaGraphDependencyTypeProgrammatic;
+    e->from_port = *(const int *)ctx ? cudaGraphKernelNodePortLaunchCompletion : cudaGraphKernelNodePortProgrammatic;
+    return 1;
 }
 
 static int capture_decode_graphs_fast(model_runner_t *r) {
@@ -1845,7 +1833,7 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
         // the moved edges measured slower (docs/09-engine.md, "The edges after
         // cuBLAS's kernels").
         if (s->pdl_early && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
-            const int moved = move_edges_to_launch_completion(g);
+            const int moved = rewrite_edges(g, edge_to_launch_completion, NULL);
             if (moved < 0) {
                 cudaGraphDestroy(g);
                 return mv_error_prefix("the programmatic edges of the graph of batch size %d", Sg);
@@ -1853,7 +1841,7 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
             edges_moved += moved;
         }
         if (s->pdl_gemm && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
-            const int changed = programmatic_edges_into_gemms(g, s->pdl_early);
+            const int changed = rewrite_edges(g, edge_into_gemm, &s->pdl_early);
             if (changed < 0) {
                 cudaGraphDestroy(g);
                 return mv_error_prefix("the edges into the GEMMs of the graph of batch size %d", Sg);
