@@ -69,12 +69,10 @@ __global__ void silu_and_mul_kernel_v2(__nv_bfloat16 *out, const __nv_bfloat16 *
 // rounding), and issues UNROLL vector loads of gate and up before it uses
 // any of them, so each thread keeps up to 2 * UNROLL * 16 bytes in flight.
 template <int VEC, int UNROLL>
-__global__ void silu_and_mul_kernel_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I,
-                                       const void *prefetch, unsigned long long prefetch_bytes) {
+__global__ void silu_and_mul_kernel_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I) {
     using vec_t = bf16_vec<VEC>;
     const int vecs_per_row = I / VEC;  // launcher guarantees I % VEC == 0
     pdl_launch_dependents();
-    l2_prefetch_share(prefetch, prefetch_bytes);  // the down projection's weight (kernels/activation.h)
     pdl_wait();
     for (long long t = blockIdx.x; t < T; t += gridDim.x) {
         const vec_t *gate_row = reinterpret_cast<const vec_t *>(in + t * 2 * I);
@@ -106,16 +104,14 @@ __global__ void silu_and_mul_kernel_v3(__nv_bfloat16 *out, const __nv_bfloat16 *
 }
 
 template <int VEC>
-static void launch_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I, const void *pf, size_t pf_bytes,
-                      cudaStream_t s) {
+static void launch_v3(__nv_bfloat16 *out, const __nv_bfloat16 *in, int T, int I, cudaStream_t s) {
     // 128 threads x 4 vectors cover a row of up to 512 vectors (I = 4096 at
     // VEC = 8) in one step; 16 such blocks fill an SM (2048 threads).
     const int threads = 128;
     long long blocks = T;
     long long max_blocks = 16LL * mv_num_sms();
     if (blocks > max_blocks) blocks = max_blocks;
-    mv_launch(silu_and_mul_kernel_v3<VEC, 4>, dim3((unsigned)blocks), dim3(threads), 0, s, out, in, T, I, pf,
-              (unsigned long long)pf_bytes);
+    mv_launch(silu_and_mul_kernel_v3<VEC, 4>, dim3((unsigned)blocks), dim3(threads), 0, s, out, in, T, I);
 }
 
 template <int VEC>
@@ -134,14 +130,9 @@ extern "C" const char *silu_and_mul_version_name(int version) {
     return kernel_version_name(SILU_AND_MUL_VERSION_TABLE, version);  // kernels/versions.h
 }
 
-extern "C" int silu_and_mul_prefetch_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,
-                                          const void *d_prefetch, size_t prefetch_bytes, cudaStream_t stream) {
+extern "C" int silu_and_mul_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,
+                                 cudaStream_t stream) {
     if (silu_and_mul_validate(T, I)) return -1;
-    if (prefetch_bytes && version != 3)
-        return mv_error("silu_and_mul_cuda: an L2 prefetch takes version 3, not %d", version);
-    if (prefetch_bytes && (!d_prefetch || !mv_aligned(d_prefetch, 16) || prefetch_bytes % 16))
-        return mv_error("silu_and_mul_cuda: the L2 prefetch must be 16-byte aligned and a multiple of 16 bytes (%zu)",
-                        prefetch_bytes);
     if (T == 0) return 0;
     if (!d_out || !d_in) return mv_error("silu_and_mul_cuda: null pointer for a non-empty tensor");
     __nv_bfloat16 *out = reinterpret_cast<__nv_bfloat16 *>(d_out);
@@ -164,10 +155,10 @@ extern "C" int silu_and_mul_prefetch_cuda(int version, bf16_t *d_out, const bf16
             else if (vec == 2) launch_v2<2>(out, in, T, I, stream);
             else launch_v2<1>(out, in, T, I, stream);
         } else {
-            if (vec == 8) launch_v3<8>(out, in, T, I, d_prefetch, prefetch_bytes, stream);
-            else if (vec == 4) launch_v3<4>(out, in, T, I, d_prefetch, prefetch_bytes, stream);
-            else if (vec == 2) launch_v3<2>(out, in, T, I, d_prefetch, prefetch_bytes, stream);
-            else launch_v3<1>(out, in, T, I, d_prefetch, prefetch_bytes, stream);
+            if (vec == 8) launch_v3<8>(out, in, T, I, stream);
+            else if (vec == 4) launch_v3<4>(out, in, T, I, stream);
+            else if (vec == 2) launch_v3<2>(out, in, T, I, stream);
+            else launch_v3<1>(out, in, T, I, stream);
         }
         break;
     }
@@ -176,9 +167,4 @@ extern "C" int silu_and_mul_prefetch_cuda(int version, bf16_t *d_out, const bf16
                         SILU_AND_MUL_NUM_VERSIONS);
     }
     return CUDA_TRY(cudaGetLastError());
-}
-
-extern "C" int silu_and_mul_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,
-                                 cudaStream_t stream) {
-    return silu_and_mul_prefetch_cuda(version, d_out, d_in, T, I, NULL, 0, stream);
 }

@@ -18,8 +18,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <stddef.h>
-
 #include "common/bf16.h"
 
 #ifdef __cplusplus
@@ -35,15 +33,6 @@ const char *silu_and_mul_version_name(int version);
 // 0 on success; -1 with mv_last_error() on a bad shape, version or launch.
 int silu_and_mul_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,
                       cudaStream_t stream);
-
-// The same with an L2 prefetch (version 3 only): before it waits for the
-// kernel ahead (PDL, kernels/common.cuh), the kernel asks L2 for the
-// prefetch_bytes at d_prefetch (16-byte aligned, a multiple of 16), one
-// slice a thread: the engine's decode graphs pass the down projection's
-// weight, which then streams into L2 while gate_up's GEMM still runs. A hint
-// only: the output is the same bits. NULL, 0: none.
-int silu_and_mul_prefetch_cuda(int version, bf16_t *d_out, const bf16_t *d_in, int T, int I,
-                               const void *d_prefetch, size_t prefetch_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

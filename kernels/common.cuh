@@ -89,30 +89,6 @@ __device__ __forceinline__ void pdl_launch_dependents(void) {
 #endif
 }
 
-// This thread's share of an L2 prefetch spread over every thread of the
-// grid: the bytes at p (16-byte aligned, a multiple of 16) cut into one
-// slice a thread, each asked of L2 with one bulk prefetch (sm_90; a hint:
-// nothing waits for it, nothing is written). A decode-path kernel issues
-// it before pdl_wait() for the weight of the cuBLAS GEMM after it, so that
-// the weight streams into L2 while the kernel ahead still runs (runner_cuda.c,
-// l2 prefetch). Weights only: what no kernel writes.
-__device__ __forceinline__ void l2_prefetch_share(const void *p, unsigned long long bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (!bytes) return;
-    const unsigned long long threads = (unsigned long long)gridDim.x * gridDim.y * gridDim.z * blockDim.x *
-                                       blockDim.y * blockDim.z;
-    const unsigned long long block = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
-    const unsigned long long tid = block * blockDim.x * blockDim.y * blockDim.z + threadIdx.x +
-                                   (unsigned long long)blockDim.x * (threadIdx.y + (unsigned long long)blockDim.y * threadIdx.z);
-    const unsigned long long chunks = bytes / 16, per = (chunks + threads - 1) / threads;
-    const unsigned long long c0 = tid * per, c1 = c0 + per < chunks ? c0 + per : chunks;
-    if (c0 >= c1) return;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)p + 16 * c0),
-                 "r"((unsigned)(16 * (c1 - c0)))
-                 : "memory");
-#endif
-}
-
 #include "kernels/pdl.h"
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when

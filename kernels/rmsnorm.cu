@@ -184,10 +184,8 @@ __global__ void rmsnorm_heads_kernel_v2(bf16 *out, long long out_stride, const b
 // for heads lets each thread carry 4 tokens (see rmsnorm_heads_kernel_v3).
 template <int VEC, int CACHE, bool FUSED>
 __global__ void __launch_bounds__(1024)
-rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int hidden, float eps,
-                  const void *prefetch, unsigned long long prefetch_bytes) {
+rmsnorm_kernel_v3(bf16 *out, bf16 *residual, const bf16 *x, const bf16 *w, int hidden, float eps) {
     pdl_launch_dependents();
-    l2_prefetch_share(prefetch, prefetch_bytes);  // the next GEMM's weight (kernels/rmsnorm.h)
     pdl_wait();  // every read below is of activations (kernels/common.cuh: PDL)
     using vec_t = bf16_vec<VEC>;
     const long long row = blockIdx.x;
@@ -408,7 +406,7 @@ static const int CACHE_V3 = 4;
 
 template <int VEC, bool FUSED>
 static void launch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w, int T, int hidden,
-                           float eps, const void *pf, size_t pf_bytes, cudaStream_t s) {
+                           float eps, cudaStream_t s) {
     int nvec = hidden / VEC;
     // Few rows (decode): the GPU is far from full, so latency matters more
     // than bytes in flight; spread each row over more threads, one vector
@@ -416,19 +414,18 @@ static void launch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w, i
     int per_thread = T < 32 * mv_num_sms() ? 1 : CACHE_V3;
     int threads = ((nvec + per_thread - 1) / per_thread + 31) / 32 * 32;
     if (threads > 1024) threads = 1024;
-    mv_launch(rmsnorm_kernel_v3<VEC, CACHE_V3, FUSED>, dim3((unsigned)T), dim3(threads), 0, s, out, res, x, w, hidden, eps,
-              pf, (unsigned long long)pf_bytes);
+    mv_launch(rmsnorm_kernel_v3<VEC, CACHE_V3, FUSED>, dim3((unsigned)T), dim3(threads), 0, s, out, res, x, w, hidden, eps);
 }
 
 template <bool FUSED>
 static void dispatch_rows_v3(bf16 *out, bf16 *res, const bf16 *x, const bf16 *w, int T, int hidden,
-                             float eps, const void *pf, size_t pf_bytes, cudaStream_t s) {
+                             float eps, cudaStream_t s) {
     int vec = pick_vec(hidden, 0, 0, out, res ? (const void *)res : (const void *)x, x, w);
     switch (vec) {
-    case 8: launch_rows_v3<8, FUSED>(out, res, x, w, T, hidden, eps, pf, pf_bytes, s); break;
-    case 4: launch_rows_v3<4, FUSED>(out, res, x, w, T, hidden, eps, pf, pf_bytes, s); break;
-    case 2: launch_rows_v3<2, FUSED>(out, res, x, w, T, hidden, eps, pf, pf_bytes, s); break;
-    default: launch_rows_v3<1, FUSED>(out, res, x, w, T, hidden, eps, pf, pf_bytes, s); break;
+    case 8: launch_rows_v3<8, FUSED>(out, res, x, w, T, hidden, eps, s); break;
+    case 4: launch_rows_v3<4, FUSED>(out, res, x, w, T, hidden, eps, s); break;
+    case 2: launch_rows_v3<2, FUSED>(out, res, x, w, T, hidden, eps, s); break;
+    default: launch_rows_v3<1, FUSED>(out, res, x, w, T, hidden, eps, s); break;
     }
 }
 
@@ -480,44 +477,23 @@ extern "C" const char *rmsnorm_version_name(int version) {
     return kernel_version_name(RMSNORM_VERSION_TABLE, version);  // kernels/versions.h
 }
 
-// A prefetch (kernels/rmsnorm.h: the *_prefetch_cuda forms): version 3
-// only, 16-byte aligned and a multiple of 16 bytes.
-static int check_prefetch(const char *who, int version, const void *pf, size_t pf_bytes) {
-    if (!pf_bytes) return 0;
-    if (version != 3) return mv_error("%s: an L2 prefetch takes version 3, not %d", who, version);
-    if (!pf || !mv_aligned(pf, 16) || pf_bytes % 16)
-        return mv_error("%s: the L2 prefetch must be 16-byte aligned and a multiple of 16 bytes (%zu)", who,
-                        pf_bytes);
-    return 0;
-}
-
-extern "C" int rmsnorm_prefetch_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_w, int T,
-                                     int hidden, float eps, const void *d_prefetch, size_t prefetch_bytes,
-                                     cudaStream_t stream) {
-    if (check_version("rmsnorm_cuda", version) || rmsnorm_validate(T, hidden, eps) ||
-        check_prefetch("rmsnorm_cuda", version, d_prefetch, prefetch_bytes))
-        return -1;
+extern "C" int rmsnorm_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_w,
+                            int T, int hidden, float eps, cudaStream_t stream) {
+    if (check_version("rmsnorm_cuda", version) || rmsnorm_validate(T, hidden, eps)) return -1;
     if (T == 0) return 0;
     if (!d_out || !d_x || !d_w) return mv_error("rmsnorm_cuda: null pointer for a non-empty tensor");
     bf16 *out = (bf16 *)d_out;
     const bf16 *x = (const bf16 *)d_x, *w = (const bf16 *)d_w;
     if (version == 1) rmsnorm_kernel_v1<<<(T + 127) / 128, 128, 0, stream>>>(out, NULL, x, w, T, hidden, eps);
     else if (version == 2) dispatch_rows_v2<false>(out, NULL, x, w, T, hidden, eps, stream);
-    else dispatch_rows_v3<false>(out, NULL, x, w, T, hidden, eps, d_prefetch, prefetch_bytes, stream);
+    else dispatch_rows_v3<false>(out, NULL, x, w, T, hidden, eps, stream);
     return CUDA_TRY(cudaGetLastError());
 }
 
-extern "C" int rmsnorm_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_w,
-                            int T, int hidden, float eps, cudaStream_t stream) {
-    return rmsnorm_prefetch_cuda(version, d_out, d_x, d_w, T, hidden, eps, NULL, 0, stream);
-}
-
-extern "C" int fused_add_rmsnorm_prefetch_cuda(int version, bf16_t *d_out, bf16_t *d_residual, const bf16_t *d_x,
-                                               const bf16_t *d_w, int T, int hidden, float eps,
-                                               const void *d_prefetch, size_t prefetch_bytes, cudaStream_t stream) {
-    if (check_version("fused_add_rmsnorm_cuda", version) || rmsnorm_validate(T, hidden, eps) ||
-        check_prefetch("fused_add_rmsnorm_cuda", version, d_prefetch, prefetch_bytes))
-        return -1;
+extern "C" int fused_add_rmsnorm_cuda(int version, bf16_t *d_out, bf16_t *d_residual,
+                                      const bf16_t *d_x, const bf16_t *d_w, int T, int hidden,
+                                      float eps, cudaStream_t stream) {
+    if (check_version("fused_add_rmsnorm_cuda", version) || rmsnorm_validate(T, hidden, eps)) return -1;
     if (T == 0) return 0;
     if (!d_out || !d_residual || !d_x || !d_w)
         return mv_error("fused_add_rmsnorm_cuda: null pointer for a non-empty tensor");
@@ -527,14 +503,8 @@ extern "C" int fused_add_rmsnorm_prefetch_cuda(int version, bf16_t *d_out, bf16_
     const bf16 *x = (const bf16 *)d_x, *w = (const bf16 *)d_w;
     if (version == 1) rmsnorm_kernel_v1<<<(T + 127) / 128, 128, 0, stream>>>(out, res, x, w, T, hidden, eps);
     else if (version == 2) dispatch_rows_v2<true>(out, res, x, w, T, hidden, eps, stream);
-    else dispatch_rows_v3<true>(out, res, x, w, T, hidden, eps, d_prefetch, prefetch_bytes, stream);
+    else dispatch_rows_v3<true>(out, res, x, w, T, hidden, eps, stream);
     return CUDA_TRY(cudaGetLastError());
-}
-
-extern "C" int fused_add_rmsnorm_cuda(int version, bf16_t *d_out, bf16_t *d_residual,
-                                      const bf16_t *d_x, const bf16_t *d_w, int T, int hidden,
-                                      float eps, cudaStream_t stream) {
-    return fused_add_rmsnorm_prefetch_cuda(version, d_out, d_residual, d_x, d_w, T, hidden, eps, NULL, 0, stream);
 }
 
 extern "C" int rmsnorm_heads_cuda(int version, bf16_t *d_out, long long out_stride,

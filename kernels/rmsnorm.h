@@ -28,7 +28,6 @@
 #define MV_KERNELS_RMSNORM_H
 
 #include <cuda_runtime_api.h>
-#include <stddef.h>
 
 #include "common/bf16.h"
 
@@ -46,19 +45,6 @@ int rmsnorm_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_
 
 int fused_add_rmsnorm_cuda(int version, bf16_t *d_out, bf16_t *d_residual, const bf16_t *d_x,
                            const bf16_t *d_w, int T, int hidden, float eps, cudaStream_t stream);
-
-// The same two with an L2 prefetch (version 3 only): before it waits for the
-// kernel ahead (PDL, kernels/common.cuh), the kernel asks L2 for the
-// prefetch_bytes at d_prefetch (16-byte aligned, a multiple of 16), one
-// slice a thread: the engine's decode graphs pass the weight of the cuBLAS
-// GEMM that follows the norm, which then streams into L2 while the GEMM
-// ahead still runs. A hint only: the output is the same bits. NULL, 0: none.
-int rmsnorm_prefetch_cuda(int version, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_w, int T, int hidden,
-                          float eps, const void *d_prefetch, size_t prefetch_bytes, cudaStream_t stream);
-
-int fused_add_rmsnorm_prefetch_cuda(int version, bf16_t *d_out, bf16_t *d_residual, const bf16_t *d_x,
-                                    const bf16_t *d_w, int T, int hidden, float eps, const void *d_prefetch,
-                                    size_t prefetch_bytes, cudaStream_t stream);
 
 int rmsnorm_heads_cuda(int version, bf16_t *d_out, long long out_stride, const bf16_t *d_x,
                        long long x_stride, const bf16_t *d_w, int T, int num_heads, int head_dim,

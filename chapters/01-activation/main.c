@@ -17,7 +17,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "common/bf16.h"
 #include "common/check.h"
@@ -152,31 +151,6 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, int 
             harness_timing(h, case_name, silu_and_mul_version_name(v), shape, ms, bytes, 0,
                            v == SILU_AND_MUL_FAST ? target_pct : 0);
         }
-    }
-    if (harness_kernel_wanted(h, SILU_AND_MUL_FAST)) {
-        // silu_and_mul_prefetch_cuda (an L2 prefetch of the down projection's
-        // weight before the wait, kernels/activation.h): the same bits as
-        // without, and a prefetch refused where it cannot be issued.
-        const size_t pf_bytes = (size_t)3 << 20;  // a 3 MiB "weight"
-        void *pf = gpu_alloc(pf_bytes);
-        bf16_t *want = malloc(n_out * sizeof(bf16_t) + 2);
-        if (!want) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
-        for (int with = 0; with < 2; with++) {
-            gpu_poison(d_out_base, (n_out + 1) * sizeof(bf16_t));
-            MV_CHECK(silu_and_mul_prefetch_cuda(SILU_AND_MUL_FAST, d_out, d_in, T, I, with ? pf : NULL,
-                                                with ? pf_bytes : 0, 0));
-            CUDA_CHECK(cudaDeviceSynchronize());
-            gpu_download(with ? h_out : want, d_out, n_out * sizeof(bf16_t));
-        }
-        char what[96];
-        snprintf(what, sizeof what, "%s with an L2 prefetch: same bits", silu_and_mul_version_name(SILU_AND_MUL_FAST));
-        harness_check_bool(h, "gpu", case_name, what, !memcmp(h_out, want, n_out * sizeof(bf16_t)), shape);
-        const int refused = silu_and_mul_prefetch_cuda(2, d_out, d_in, T, I, pf, pf_bytes, 0) != 0 &&
-                            silu_and_mul_prefetch_cuda(SILU_AND_MUL_FAST, d_out, d_in, T, I, (char *)pf + 8, 64, 0) != 0 &&
-                            silu_and_mul_prefetch_cuda(SILU_AND_MUL_FAST, d_out, d_in, T, I, pf, 24, 0) != 0;
-        harness_check_bool(h, "gpu", case_name, "L2 prefetch refused: version 2, misaligned, odd size", refused, shape);
-        gpu_free(pf);
-        free(want);
     }
     gpu_free(d_in_base);
     gpu_free(d_out_base);

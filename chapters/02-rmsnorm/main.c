@@ -280,45 +280,6 @@ static void check_and_time(harness_t *h, rng_t *rng, const char *case_name, case
                            v == RMSNORM_FAST ? target_pct : 0);
         }
     }
-    if (!heads && harness_kernel_wanted(h, RMSNORM_FAST)) {
-        // The *_prefetch_cuda forms (an L2 prefetch of a GEMM's weight before
-        // the wait, kernels/rmsnorm.h): the same bits as without, and a
-        // prefetch refused where it cannot be issued.
-        const size_t pf_bytes = (size_t)3 << 20;  // a 3 MiB "weight"
-        void *pf = gpu_alloc(pf_bytes);
-        bf16_t *want = malloc(n_x * 2), *want_res = malloc(n_res * 2 + 2);
-        if (!want || !want_res) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
-        for (int with = 0; with < 2; with++) {
-            CUDA_CHECK(cudaMemcpy(r.d_x, r.d_x_saved, n_x * 2, cudaMemcpyDeviceToDevice));
-            if (n_res) CUDA_CHECK(cudaMemcpy(r.d_res, r.d_res_saved, n_res * 2, cudaMemcpyDeviceToDevice));
-            gpu_poison(out_base, (n_x + 1) * 2);
-            const void *p = with ? pf : NULL;
-            const size_t b = with ? pf_bytes : 0;
-            if (c.form == FORM_PLAIN)
-                MV_CHECK(rmsnorm_prefetch_cuda(RMSNORM_FAST, r.d_out, r.d_x, r.d_w, c.T, c.hidden, QWEN3_EPS, p, b, 0));
-            else
-                MV_CHECK(fused_add_rmsnorm_prefetch_cuda(RMSNORM_FAST, r.d_out, r.d_res, r.d_x, r.d_w, c.T, c.hidden,
-                                                         QWEN3_EPS, p, b, 0));
-            CUDA_CHECK(cudaDeviceSynchronize());
-            gpu_download(with ? h_out : want, r.d_out, n_x * 2);
-            if (n_res) gpu_download(with ? h_res_out : want_res, r.d_res, n_res * 2);
-        }
-        const int same = !memcmp(h_out, want, n_x * 2) && (!n_res || !memcmp(h_res_out, want_res, n_res * 2));
-        snprintf(label, sizeof label, "%s %s with an L2 prefetch: same bits", form_name(c.form),
-                 rmsnorm_version_name(RMSNORM_FAST));
-        harness_check_bool(h, "gpu", case_name, label, same, shape);
-        // Refused: version 2, a misaligned prefetch, a size not a multiple of 16.
-        const int refused =
-            rmsnorm_prefetch_cuda(2, r.d_out, r.d_x, r.d_w, c.T, c.hidden, QWEN3_EPS, pf, pf_bytes, 0) != 0 &&
-            rmsnorm_prefetch_cuda(RMSNORM_FAST, r.d_out, r.d_x, r.d_w, c.T, c.hidden, QWEN3_EPS, (char *)pf + 8, 64,
-                                  0) != 0 &&
-            rmsnorm_prefetch_cuda(RMSNORM_FAST, r.d_out, r.d_x, r.d_w, c.T, c.hidden, QWEN3_EPS, pf, 24, 0) != 0;
-        snprintf(label, sizeof label, "%s L2 prefetch refused: version 2, misaligned, odd size", form_name(c.form));
-        harness_check_bool(h, "gpu", case_name, label, refused, shape);
-        gpu_free(pf);
-        free(want);
-        free(want_res);
-    }
     if (do_time && heads && c.Hkv) {
         // The ceiling for this access pattern: cudaMemcpy2D of exactly the
         // strided region the kernel reads and writes (q or k part of each

@@ -2130,6 +2130,52 @@ def render_pdl_early():
     return "\n".join(out) + "\n"
 
 
+def render_gemm_leads():
+    """The two switches into cuBLAS's GEMMs, measured and removed: MV_PDL_GEMM=1 (run 135: the workload three
+    rounds a setting alternated, the latency mode two; json/09-engine.r135-wl-gemm{0,1}-r*, r135-lat-{base,gemm1}-r*,
+    and whether generate's tokens stayed the same, r135-generate-switches.json) and MV_L2_PREFETCH=1 (run 134: the
+    workload two rounds, the latency mode at 32 to 256 rows two; run 135: the latency mode at 4 to 64 rows two;
+    json/09-engine.r134-*-pf{0,1}-r*, r135-lat-pf1-r*)."""
+    g = {s: [load(f"09-engine.r135-wl-gemm{s}-r{r}.json") for r in (1, 2, 3)] for s in (0, 1)}
+    gl = {s: [load(f"09-engine.r135-lat-{n}-r{r}.json") for r in (1, 2)] for s, n in ((0, "base"), (1, "gemm1"))}
+    pw = {s: [load(f"09-engine.r134-wl-pf{s}-r{r}.json") for r in (1, 2)] for s in (0, 1)}
+    pl = {s: [load(f"09-engine.r134-lat-pf{s}-r{r}.json") for r in (1, 2)] for s in (0, 1)}
+    pl5 = [load(f"09-engine.r135-lat-pf1-r{r}.json") for r in (1, 2)]
+    same = load("09-engine.r135-generate-switches.json")
+    every = [x for d in (g, gl, pw, pl) for xs in d.values() for x in xs] + pl5
+    if not all(every) or not same:
+        return None
+    h, h4 = g[1][0], pw[1][0]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{h['gpu']}**, "
+           f"commit {h['commit']}, with each switch off (0) and on (1), the settings alternated in one call: run 134 "
+           f"({h4['date'][:10]}) and run 135 (the next call on the same warm machine). Output tok/s, one value a "
+           "round (and the time per output token):", "",
+           "| switch | run | off (0) | on (1) | 1 / 0 |", "| --- | --- | ---: | ---: | ---: |",
+           f"| `MV_PDL_GEMM` | nano-vllm's workload, greedy (`--input W --repeat 1`), 3 rounds | {tok_cell(g[0])} | "
+           f"{tok_cell(g[1])} | {100 * mean(g[1]) / mean(g[0]):.1f}% |"]
+    for b in (x["batch"] for x in gl[0][0]["batches"]):
+        out.append(f"| `MV_PDL_GEMM` | latency, {b} rows (512 + 128, `--repeat 1`), 2 rounds | {lat_cell(gl[0], b)} | "
+                   f"{lat_cell(gl[1], b)} | {100 * lat_mean(gl[1], b) / lat_mean(gl[0], b):.1f}% |")
+    out.append(f"| `MV_L2_PREFETCH` | nano-vllm's workload, greedy, 2 rounds (run 134) | {tok_cell(pw[0])} | "
+               f"{tok_cell(pw[1])} | {100 * mean(pw[1]) / mean(pw[0]):.1f}% |")
+    for b in (x["batch"] for x in pl5[0]["batches"]):
+        out.append(f"| `MV_L2_PREFETCH` | latency, {b} rows, 2 rounds (run 135) | {lat_cell(gl[0], b)} | "
+                   f"{lat_cell(pl5, b)} | {100 * lat_mean(pl5, b) / lat_mean(gl[0], b):.1f}% |")
+    for b in (x["batch"] for x in pl[0][0]["batches"]):
+        out.append(f"| `MV_L2_PREFETCH` | latency, {b} rows, 2 rounds (run 134) | {lat_cell(pl[0], b)} | "
+                   f"{lat_cell(pl[1], b)} | {100 * lat_mean(pl[1], b) / lat_mean(pl[0], b):.1f}% |")
+    arms = same["arms"]
+    fd = [x for x in arms["01"]["first_difference"] if x is not None]
+    out += ["", f"`minivllm generate` on the first {arms['00']['requests']} requests of the workload (40 tokens each, "
+            f"run 135): with `MV_L2_PREFETCH=1` {arms['10']['identical']} of {arms['10']['requests']} requests gave "
+            f"the same tokens as with both switches off; with `MV_PDL_GEMM=1` {arms['01']['identical']} of "
+            f"{arms['01']['requests']} did, each one's first different token at output position {min(fd)} to "
+            f"{max(fd)}. Edges into GEMMs made programmatic in the {h['cuda_graphs']} decode graphs: "
+            f"{h['graph_gemm_edges']:,}."]
+    return "\n".join(out) + "\n"
+
+
 PREFILL_NCU = "09-engine.r127-prefill-ncu.csv"
 PREFILL_ROWS, PREFILL_LEN = 14, 585  # run 127's --batch and --prompt-len
 
@@ -2746,6 +2792,9 @@ def blocks():
     pe = render_pdl_early()
     if pe:
         out["09-engine:pdl-early"] = ("09-engine.r131-early-1-r1.json", pe)
+    gle = render_gemm_leads()
+    if gle:
+        out["09-engine:gemm-leads"] = ("09-engine.r135-wl-gemm1-r1.json", gle)
     pk = render_prefill_kernels()
     if pk:
         out["09-engine:prefill-kernels"] = (PREFILL_NCU, pk)

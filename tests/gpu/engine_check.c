@@ -31,11 +31,9 @@
  * 1b. CUDA graphs against eager launches (graphs on only): every request of
  *    each checkpoint, greedy and then sampled, once with graphs and once
  *    with --enforce-eager: the tokens and every step's logits must be
- *    bit-identical (a 64-bit hash per row). Again with MV_DECODE_ROPE=1
- *    (the graphs' q/k norm, RoPE and KV store inside decode attention,
- *    attention_decode_rope_cuda, against eager's two kernels), with
- *    MV_L2_PREFETCH=1 (the next GEMM's weight prefetched into L2) and with
- *    MV_PDL_GEMM=1 (programmatic edges into cuBLAS's GEMMs).
+ *    bit-identical (a 64-bit hash per row). Again with MV_DECODE_ROPE=1:
+ *    the graphs' q/k norm, RoPE and KV store inside decode attention
+ *    (attention_decode_rope_cuda) against eager's two kernels.
  * 2. (Not with --enforce-eager or MV_TP_COMM_OF_ONE=1, which do not change
  *    it.) The GPU sampler (kernels/sampling.h), every version (1: bisection,
  *    2: shortlists, the engine's), against its CPU reference
@@ -781,21 +779,18 @@ static void check_halves(const char *dir, const golden_t *g) {
     else unsetenv("MV_DECODE_HALVES");
 }
 
-// ---- the decode graphs with an experiment switch on ------------------------------------
-// MV_DECODE_ROPE=1: the unfused decode graphs with attention_decode_rope_cuda
-// in place of qk_norm_rope_store_cuda and decode attention. MV_L2_PREFETCH=1:
-// the norms and SiluAndMul ahead of a cuBLAS GEMM prefetch its weight into
-// L2. MV_PDL_GEMM=1: the edges into cuBLAS's nvjet kernels programmatic.
-// Graphs against eager (which runs none of them) must give the same bits.
-static void check_graphs_with(const char *dir, const golden_t *g, const char *name, const char *what) {
-    const char *was = getenv(name);
-    char saved[8] = "", label[160];
+// ---- q/k norm + RoPE + the KV store inside decode attention (MV_DECODE_ROPE=1) ----------
+// The unfused decode graphs with attention_decode_rope_cuda in place of
+// qk_norm_rope_store_cuda and decode attention: graphs against eager (which
+// runs the two kernels) must give the same bits.
+static void check_decode_rope(const char *dir, const golden_t *g) {
+    const char *was = getenv("MV_DECODE_ROPE");
+    char saved[8] = "";
     if (was) snprintf(saved, sizeof saved, "%s", was);
-    setenv(name, "1", 1);
-    snprintf(label, sizeof label, ", %s (%s=1)", what, name);
-    check_graphs_vs_eager(dir, g, label);
-    if (was) setenv(name, saved, 1);
-    else unsetenv(name);
+    setenv("MV_DECODE_ROPE", "1", 1);
+    check_graphs_vs_eager(dir, g, ", q/k norm + RoPE + KV store inside decode attention (MV_DECODE_ROPE=1)");
+    if (was) setenv("MV_DECODE_ROPE", saved, 1);
+    else unsetenv("MV_DECODE_ROPE");
 }
 
 static void check_goldens(runner_device_t dev) {
@@ -836,11 +831,7 @@ static void check_goldens(runner_device_t dev) {
         }
         run_logits(MODELS[m], dev, g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_vs_eager(MODELS[m], g, "");
-        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) {
-            check_graphs_with(MODELS[m], g, "MV_DECODE_ROPE", "q/k norm + RoPE + KV store inside decode attention");
-            check_graphs_with(MODELS[m], g, "MV_L2_PREFETCH", "the next GEMM's weight prefetched into L2");
-            check_graphs_with(MODELS[m], g, "MV_PDL_GEMM", "programmatic edges into cuBLAS's GEMMs");
-        }
+        if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_decode_rope(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA) check_async(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA) check_halves(MODELS[m], g);
         if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel(MODELS[m], g, 0);

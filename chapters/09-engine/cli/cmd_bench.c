@@ -211,7 +211,6 @@ typedef struct {
     double graph_s;               // their capture time, inside load_s
     size_t graph_bytes;           // their GPU memory
     long long graph_early_edges;  // their programmatic edges on the launch-completion port (MV_PDL_EARLY)
-    long long graph_gemm_edges;   // their edges into cuBLAS's GEMMs made programmatic (MV_PDL_GEMM)
     int megakernel_rows;          // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
     int async_scheduling;         // 1: asynchronous scheduling in effect (asked for, and the runner has it)
     int halves_rows, halves_max_rows;  // cuda: decode steps of these many rows run as two halves at once (0: never)
@@ -592,7 +591,6 @@ static int run(bench_t *b) {
     b->graph_s = e->runner->graph_seconds;
     b->graph_bytes = e->runner->graph_bytes;
     b->graph_early_edges = e->runner->graph_early_edges;
-    b->graph_gemm_edges = e->runner->graph_gemm_edges;
     b->megakernel_rows = e->runner->megakernel_rows;
     b->halves_rows = e->runner->halves_rows;
     b->halves_max_rows = e->runner->halves_max_rows;
@@ -749,9 +747,9 @@ static void print_engine(const bench_t *b) {
     printf("  %-16s weights %zu, KV cache %zu, scratch %zu\n", "bytes", b->weight_bytes, b->kv_cache_bytes,
            b->scratch_bytes);
     if (c->device == RUNNER_DEVICE_CUDA)
-        printf("  %-16s %d decode sizes captured in %.2f s, %zu bytes%s; %lld edges early, %lld into GEMMs\n",
-               "cuda graphs", b->num_graphs, b->graph_s, b->graph_bytes, b->num_graphs ? "" : " (--enforce-eager)",
-               b->graph_early_edges, b->graph_gemm_edges);
+        printf("  %-16s %d decode sizes captured in %.2f s, %zu bytes%s; %lld edges early\n", "cuda graphs",
+               b->num_graphs, b->graph_s, b->graph_bytes, b->num_graphs ? "" : " (--enforce-eager)",
+               b->graph_early_edges);
     if (c->device == RUNNER_DEVICE_CUDA && b->num_graphs) {
         if (b->megakernel_rows)
             printf("  %-16s decode steps of 1 to %d rows%s%s\n", "megakernel", b->megakernel_rows,
@@ -1094,7 +1092,6 @@ static char *bench_json(const bench_t *b, int argc, char **argv) {
     cJSON_AddNumberToObject(o, "graph_capture_s", b->graph_s);
     cJSON_AddNumberToObject(o, "graph_bytes", (double)b->graph_bytes);
     cJSON_AddNumberToObject(o, "graph_early_edges", (double)b->graph_early_edges);
-    cJSON_AddNumberToObject(o, "graph_gemm_edges", (double)b->graph_gemm_edges);
     cJSON_AddNumberToObject(o, "megakernel_rows", b->megakernel_rows);
     cJSON_AddStringToObject(o, "megakernel_not", b->megakernel_why);
     cJSON_AddNumberToObject(o, "halves_rows", b->halves_rows);

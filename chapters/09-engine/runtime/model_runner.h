@@ -162,7 +162,6 @@ struct model_runner {
     size_t graph_bytes;               // cuda: GPU memory they took (cudaMemGetInfo before and after)
     long long graph_early_edges;      // cuda: their programmatic edges moved to the launch-completion port
                                       // (0 with MV_PDL_EARLY=0)
-    long long graph_gemm_edges;       // cuda: their edges into cuBLAS's GEMMs made programmatic (MV_PDL_GEMM=1)
     int megakernel_rows;              // cuda: decode steps of 1 .. this many rows run the decode megakernel (0: none)
     char megakernel_why[160];         // cuda: why not at the first size it does not take ("" when it takes all)
     int halves_rows, halves_max_rows; // cuda: decode steps of halves_rows to halves_max_rows rows run as two

@@ -86,7 +86,6 @@
 
 #if MV_HAVE_CUDA
 #include <cublas_v2.h>
-#include <cuda.h>  // the driver's types, for two entry points (kernel_node_name)
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <math.h>
@@ -268,16 +267,8 @@ typedef struct {
     int fused_rope_store;
     // 1 (the default): the decode graphs' programmatic edges leave their
     // upstream kernel's launch-completion port instead of its programmatic
-    // port (edge_to_launch_completion); MV_PDL_EARLY=0: as captured.
+    // port (move_edges_to_launch_completion); MV_PDL_EARLY=0: as captured.
     int pdl_early;
-    // 1 (MV_PDL_GEMM=1): the edges into cuBLAS's nvjet kernels in those
-    // graphs made programmatic too (edge_into_gemm); 0 (the
-    // default): full dependencies, as captured.
-    int pdl_gemm;
-    // 1 (MV_L2_PREFETCH=1): in the decode graphs, the norm or SiluAndMul
-    // ahead of a cuBLAS GEMM asks L2 for that GEMM's weight before it waits
-    // for the kernel ahead (gemm_prefetch); 0 (the default): no prefetch.
-    int l2_prefetch;
     // 1 (the default): a mixed step's leading one-token rows take decode
     // attention; MV_SPLIT_MIXED=0: every row of it prefill attention.
     int split_mixed;
@@ -727,12 +718,6 @@ static const struct {
     {"MV_PDL_EARLY", "01",
      "0 (a kernel in a decode graph starts when the kernel before it has triggered or finished) or 1 (when every "
      "block of the kernel before it has begun, the default)"},
-    {"MV_PDL_GEMM", "01",
-     "0 (a cuBLAS GEMM in a decode graph starts when the kernel before it has finished, the default) or 1 (when "
-     "that kernel has triggered; the GEMM waits for it in griddepcontrol.wait)"},
-    {"MV_L2_PREFETCH", "01",
-     "0 (no prefetch, the default) or 1 (in the decode graphs the kernel ahead of a cuBLAS GEMM asks L2 for its "
-     "weight before it waits)"},
     {"MV_DECODE_ROPE", "01",
      "0 (the decode graphs' q/k norm + RoPE + KV store as a kernel of its own) or 1 (inside decode attention's "
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
@@ -825,8 +810,6 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     s->fused_rope_store = !(getenv("MV_FUSED_ROPE_STORE") && !strcmp(getenv("MV_FUSED_ROPE_STORE"), "0"));
     s->split_mixed = !(getenv("MV_SPLIT_MIXED") && !strcmp(getenv("MV_SPLIT_MIXED"), "0"));
     s->pdl_early = !(getenv("MV_PDL_EARLY") && !strcmp(getenv("MV_PDL_EARLY"), "0"));
-    s->pdl_gemm = getenv("MV_PDL_GEMM") && !strcmp(getenv("MV_PDL_GEMM"), "1");
-    s->l2_prefetch = getenv("MV_L2_PREFETCH") && !strcmp(getenv("MV_L2_PREFETCH"), "1");
     const char *dr = getenv("MV_DECODE_ROPE");
     s->decode_rope = !dr ? DECODE_ROPE_MAX_ROWS : !strcmp(dr, "1") ? INT_MAX : 0;
     s->sampling_version = getenv("MV_SAMPLER") ? atoi(getenv("MV_SAMPLER")) : SAMPLING_FAST;
@@ -1130,20 +1113,6 @@ typedef struct {
     int half;                 // 1: one of two halves of a decode step
 } rows_part_t;
 
-// The L2 prefetch that the norm or SiluAndMul ahead of the projection
-// y = x W^T (W [N, K]) issues before it waits for the kernel ahead
-// (MV_L2_PREFETCH=1, kernels/rmsnorm.h): W's bytes when the step is a
-// graphed decode step and the projection runs cuBLAS's GEMM, which then
-// finds its weight in L2; 0 otherwise (a GEMV streams its own weight from
-// before its wait). *pf: where.
-static size_t gemm_prefetch(const cuda_state_t *s, const bf16_t *x, const bf16_t *W, int M, int N, int K,
-                            const void **pf) {
-    *pf = NULL;
-    if (!s->l2_prefetch || !s->fast_decode || linear_auto_version(x, W, M, N, K) != LINEAR_CUBLAS) return 0;
-    *pf = W;
-    return (size_t)N * K * sizeof(bf16_t);
-}
-
 // One decoder layer over a part's T tokens (see the list at the top).
 // decode_rows: how many rows, from the first, have one query token each
 // (all S in a decode step; in a mixed step the running rows ahead of the
@@ -1231,19 +1200,15 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
         (tp && tp_allreduce_sum(s, x, (size_t)T * H, "o_proj")))
         return -1;
 
-    const void *pf = NULL;
-    size_t pf_bytes = gemm_prefetch(s, hidden, cl->d_gate_up, T, gu, H, &pf);
-    if (fused_add_rmsnorm_prefetch_cuda(RMSNORM_FAST, hidden, residual, x, cl->d_post_norm, T, H, eps, pf, pf_bytes,
-                                        st) ||
+    if (fused_add_rmsnorm_cuda(RMSNORM_FAST, hidden, residual, x, cl->d_post_norm, T, H, eps, st) ||
         linear_cuda(cb, gate_up, hidden, cl->d_gate_up, NULL, T, gu, H, st))
         return -1;
-    pf_bytes = gemm_prefetch(s, act, cl->d_down, T, H, I, &pf);
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
     if (s->fast_decode && T == S && linear_auto_version(act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
         if (linear_silu_mul_cuda(x, gate_up, cl->d_down, T, H, I, st)) return -1;
-    } else if (silu_and_mul_prefetch_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, pf, pf_bytes, st) ||
+    } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, st) ||
                linear_cuda(cb, x, act, cl->d_down, NULL, T, H, I, st)) {
         return -1;
     }
@@ -1428,12 +1393,9 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
     for (int part = 0; part < num_parts; part++) {
         const rows_part_t *p = &parts[part];
         const size_t o = (size_t)p->row0 * H;
-        const void *pf = NULL;
-        const size_t pf_bytes =
-            gemm_prefetch(s, s->d_hidden + o, s->layers[0].d_qkv, p->T, s->layout.qkv.rows, H, &pf);
         if ((part > 0 && pdl && mv_pdl_set(0)) ||
-            rmsnorm_prefetch_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->layers[0].d_input_norm, p->T,
-                                  H, eps, pf, pf_bytes, p->stream) ||
+            rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->layers[0].d_input_norm, p->T, H, eps,
+                         p->stream) ||
             (part > 0 && pdl && mv_pdl_set(1)))
             return -1;
     }
@@ -1443,12 +1405,8 @@ static int enqueue_forward(model_runner_t *r, int T, int S, int N, int max_seqle
         for (int part = 0; part < num_parts; part++) {
             const rows_part_t *p = &parts[part];
             const size_t o = (size_t)p->row0 * H;
-            const void *pf = NULL;
-            const size_t pf_bytes =
-                gemm_prefetch(s, s->d_hidden + o, s->layers[l].d_qkv, p->T, s->layout.qkv.rows, H, &pf);
-            if ((l > 0 && fused_add_rmsnorm_prefetch_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o,
-                                                          s->d_x + o, s->layers[l].d_input_norm, p->T, H, eps, pf,
-                                                          pf_bytes, p->stream)) ||
+            if ((l > 0 && fused_add_rmsnorm_cuda(RMSNORM_FAST, s->d_hidden + o, s->d_residual + o, s->d_x + o,
+                                                 s->layers[l].d_input_norm, p->T, H, eps, p->stream)) ||
                 cuda_layer(r, s, &s->layers[l], p, max_seqlen_q, max_context_len, decode_rows))
                 return mv_error_prefix("layer %d", l);
         }
@@ -1691,42 +1649,6 @@ static int capture_decode_graphs(model_runner_t *r) {
     return rc;
 }
 
-// Every edge of g passed to rule(from, to, data, ctx): 1 when it has
-// replaced *data with the edge to put in its place, 0 to keep it, -1 on an
-// error (with mv_error()). Returns the number of edges replaced, or -1.
-typedef int (*edge_rule_fn)(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *data, const void *ctx);
-static int rewrite_edges(cudaGraph_t g, edge_rule_fn rule, const void *ctx) {
-    size_t n = 0;
-    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
-    if (n == 0) return 0;
-    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
-    cudaGraphEdgeData *data = malloc(n * sizeof *data);
-    int changed = 0;
-    if (!from || !to || !data) {
-        changed = mv_error("out of host memory for %zu graph edges", n);
-    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
-        changed = -1;
-    } else {
-        for (size_t i = 0; i < n && changed >= 0; i++) {
-            cudaGraphEdgeData e = data[i];
-            const int rc = rule(from[i], to[i], &e, ctx);
-            if (rc < 0)
-                changed = -1;
-            else if (rc == 0)
-                continue;
-            else if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
-                     CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
-                changed = -1;
-            else
-                changed++;
-        }
-    }
-    free(from);
-    free(to);
-    free(data);
-    return changed;
-}
-
 // The decode graphs' edges (unless MV_PDL_EARLY=0). A kernel launched with the
 // PDL attribute is captured with a programmatic edge from the kernel before it,
 // leaving that kernel's programmatic port: it fires when every block of the
@@ -1736,81 +1658,42 @@ static int rewrite_edges(cudaGraph_t g, edge_rule_fn rule, const void *ctx) {
 // port, the edge fires once every block of the upstream kernel has begun, so
 // the kernel after a GEMM is launched and resident while the GEMM runs. Either
 // way it waits in pdl_wait() until the GEMM has finished and its writes are
-// visible, so the bits are the same. The rule for rewrite_edges.
-static int edge_to_launch_completion(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *e,
-                                     const void *ctx) {
-    (void)from, (void)to, (void)ctx;
-    if (e->type != cudaGraphDependencyTypeProgrammatic || e->from_port != cudaGraphKernelNodePortProgrammatic)
-        return 0;
-    e->from_port = cudaGraphKernelNodePortLaunchCompletion;
-    return 1;
-}
-
-// The name of a graph's kernel node, whoever launched it (cuBLAS launches
-// through the driver, so the runtime's cudaKernelNodeParams may not name its
-// function): the driver's cuGraphKernelNodeGetParams and cuFuncGetName (or
-// cuKernelGetName), found through the runtime. NULL when it cannot be told.
-static const char *kernel_node_name(cudaGraphNode_t node) {
-    typedef CUresult (*get_params_fn)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
-    typedef CUresult (*func_name_fn)(const char **, CUfunction);
-    typedef CUresult (*kernel_name_fn)(const char **, CUkernel);
-    static get_params_fn get_params;
-    static func_name_fn func_name;
-    static kernel_name_fn kernel_name;
-    static int looked;
-    if (!looked) {
-        enum cudaDriverEntryPointQueryResult q;
-        void *p = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &p, 12030, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            get_params = (get_params_fn)p;
-        if (cudaGetDriverEntryPointByVersion("cuFuncGetName", &p, 12030, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            func_name = (func_name_fn)p;
-        if (cudaGetDriverEntryPointByVersion("cuKernelGetName", &p, 12030, cudaEnableDefault, &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            kernel_name = (kernel_name_fn)p;
-        cudaGetLastError();  // a missing entry point is not the next call's error
-        looked = 1;
+// visible, so the bits are the same. Returns the number of edges moved, or -1
+// with mv_error().
+static int move_edges_to_launch_completion(cudaGraph_t g) {
+    size_t n = 0;
+    if (CUDA_TRY(cudaGraphGetEdges(g, NULL, NULL, NULL, &n))) return -1;
+    if (n == 0) return 0;
+    cudaGraphNode_t *from = malloc(n * sizeof *from), *to = malloc(n * sizeof *to);
+    cudaGraphEdgeData *data = malloc(n * sizeof *data);
+    int moved = 0;
+    if (!from || !to || !data) {
+        moved = mv_error("out of host memory for %zu graph edges", n);
+    } else if (CUDA_TRY(cudaGraphGetEdges(g, from, to, data, &n))) {
+        moved = -1;
+    } else {
+        for (size_t i = 0; i < n && moved >= 0; i++) {
+            if (data[i].type != cudaGraphDependencyTypeProgrammatic ||
+                data[i].from_port != cudaGraphKernelNodePortProgrammatic)
+                continue;
+            cudaGraphEdgeData e = data[i];
+            e.from_port = cudaGraphKernelNodePortLaunchCompletion;
+            if (CUDA_TRY(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1)) ||
+                CUDA_TRY(cudaGraphAddDependencies(g, &from[i], &to[i], &e, 1)))
+                moved = -1;
+            else
+                moved++;
+        }
     }
-    CUDA_KERNEL_NODE_PARAMS kp;
-    memset(&kp, 0, sizeof kp);
-    const char *name = NULL;
-    if (!get_params || get_params((CUgraphNode)node, &kp) != CUDA_SUCCESS) return NULL;
-    if (kp.func && func_name && func_name(&name, kp.func) == CUDA_SUCCESS) return name;
-    if (kp.kern && kernel_name && kernel_name(&name, kp.kern) == CUDA_SUCCESS) return name;
-    return NULL;
-}
-
-// MV_PDL_GEMM=1: a cuBLAS GEMM is launched without the PDL attribute, so it
-// is captured with a full edge from the kernel before it and is launched
-// only when that kernel has finished. If its Hopper kernels (named nvjet_...)
-// execute griddepcontrol.wait (SASS ACQBULK) before they touch memory, the
-// edge can be programmatic: the GEMM is launched while the kernel before it
-// runs, and waits there until that kernel has finished and its writes are
-// visible. Off by default until that is shown. The rule for rewrite_edges:
-// the single edge into an nvjet kernel from a kernel node, made
-// programmatic from the upstream kernel's launch-completion port when *ctx
-// (MV_PDL_EARLY) is set, as edge_to_launch_completion's are, else from its
-// programmatic port.
-static int edge_into_gemm(cudaGraphNode_t from, cudaGraphNode_t to, cudaGraphEdgeData *e, const void *ctx) {
-    if (e->type != cudaGraphDependencyTypeDefault) return 0;
-    enum cudaGraphNodeType tf, tt;
-    size_t deps = 0;
-    if (CUDA_TRY(cudaGraphNodeGetType(from, &tf)) || CUDA_TRY(cudaGraphNodeGetType(to, &tt)) ||
-        CUDA_TRY(cudaGraphNodeGetDependencies(to, NULL, NULL, &deps)))
-        return -1;
-    if (tf != cudaGraphNodeTypeKernel || tt != cudaGraphNodeTypeKernel || deps != 1) return 0;
-    const char *name = kernel_node_name(to);
-    if (!name || strncmp(name, "nvjet", 5) != 0) return 0;
-    e->type = cudaGraphDependencyTypeProgrammatic;
-    e->from_port = *(const int *)ctx ? cudaGraphKernelNodePortLaunchCompletion : cudaGraphKernelNodePortProgrammatic;
-    return 1;
+    free(from);
+    free(to);
+    free(data);
+    return moved;
 }
 
 static int capture_decode_graphs_fast(model_runner_t *r) {
     cuda_state_t *s = r->state;
-    long long edges_moved = 0, gemm_edges = 0;
+    long long edges_moved = 0;
     size_t free0 = 0, free1 = 0, total = 0;
     if (CUDA_TRY(cudaDeviceSynchronize()) || CUDA_TRY(cudaMemGetInfo(&free0, &total))) return -1;
     const double t0 = now_seconds();
@@ -1833,20 +1716,12 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
         // the moved edges measured slower (docs/09-engine.md, "The edges after
         // cuBLAS's kernels").
         if (s->pdl_early && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
-            const int moved = rewrite_edges(g, edge_to_launch_completion, NULL);
+            const int moved = move_edges_to_launch_completion(g);
             if (moved < 0) {
                 cudaGraphDestroy(g);
                 return mv_error_prefix("the programmatic edges of the graph of batch size %d", Sg);
             }
             edges_moved += moved;
-        }
-        if (s->pdl_gemm && !s->megakernel[k] && !runs_as_halves(s, Sg)) {
-            const int changed = rewrite_edges(g, edge_into_gemm, &s->pdl_early);
-            if (changed < 0) {
-                cudaGraphDestroy(g);
-                return mv_error_prefix("the edges into the GEMMs of the graph of batch size %d", Sg);
-            }
-            gemm_edges += changed;
         }
         const cudaError_t inst = cudaGraphInstantiate(&s->graphs[k], g, 0);
         cudaGraphDestroy(g);
@@ -1861,7 +1736,6 @@ static int capture_decode_graphs_fast(model_runner_t *r) {
     r->graph_bytes = free0 > free1 ? free0 - free1 : 0;
     r->num_graphs = s->num_sizes;
     r->graph_early_edges = edges_moved;
-    r->graph_gemm_edges = gemm_edges;
     return 0;
 }
 
