@@ -1158,7 +1158,8 @@ static size_t share_bytes(int N, int K, int blocks, unsigned pad = 0) {
 }
 
 // The GEMV version linear_cuda runs at M rows where it runs one
-// (linear_auto_version): 2 up to M = 4, 3 from M = 5; MV_LINEAR_GEMV forces one.
+// (linear_auto_version): 2 below LINEAR_GEMV_MMA_AUTO_MIN_M rows, 3 from it;
+// MV_LINEAR_GEMV forces one.
 static int gemv_version(int M) {
     const int forced = linear_gemv_forced();
     if (forced == LINEAR_GEMV) return LINEAR_GEMV;

@@ -575,6 +575,17 @@ extern "C" int linear_gemv_forced(void) {
     return v;
 }
 
+extern "C" int linear_gemv_max_m_override(void) {
+    static int v = -3;
+    if (v == -3) {
+        const char *e = getenv("MV_LINEAR_GEMV_MAX_M");
+        char *end = NULL;
+        const long n = e ? strtol(e, &end, 10) : -1;
+        v = !e ? -1 : (end == e || *end || n < 0 || n > LINEAR_GEMV_MMA_MAX_M) ? -2 : (int)n;
+    }
+    return v;
+}
+
 extern "C" int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K) {
     // Version 2's conditions on K and the pointers (asked at M = 1), and version 3's own M.
     return M >= 1 && M <= GEMV_MMA_MAX_M && linear_gemv_applies(d_x, d_W, 1, K);
@@ -628,7 +639,8 @@ extern "C" const char *linear_version_name(int version) {
 }
 
 extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
-    const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
+    const int over = linear_gemv_max_m_override();
+    const int max_m = over >= 0 ? over : LINEAR_GEMV_AUTO_MAX_M;
     if (M > max_m) return LINEAR_CUBLAS;
     const int v2 = linear_gemv_applies(d_x, d_W, M, K), v3 = linear_gemv_mma_applies(d_x, d_W, M, K);
     const int forced = linear_gemv_forced();

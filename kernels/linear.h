@@ -24,10 +24,9 @@
  *      A), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
  *      decode megakernel can repeat from shared memory (MV_LINEAR_GEMV=3).
  *      The same refusals as version 2, with M > 32 in place of M > 16.
- *   LINEAR_AUTO (0): a GEMV where it measured faster than cuBLAS (M <= 2,
- *      or M <= 8 with N <= 2048: linear_auto_version) and the shape and
- *      pointers allow it, version 1 otherwise. Which GEMV: version 2 up to
- *      M = 4, version 3 from M = 5 (LINEAR_GEMV_MMA_AUTO_MIN_M);
+ *   LINEAR_AUTO (0): a GEMV up to M = 8 (LINEAR_GEMV_AUTO_MAX_M), where
+ *      the shape and pointers allow it, version 1 otherwise. Which GEMV:
+ *      version 2 at M = 1, version 3 from M = 2 (LINEAR_GEMV_MMA_AUTO_MIN_M);
  *      MV_LINEAR_GEMV=2 or 3 forces one of them wherever it applies, for
  *      comparisons (linear_gemv_forced).
  *
@@ -62,27 +61,26 @@ extern "C" {
 #define LINEAR_GEMV_MAX_M 16
 // Version 3's most: 4 groups of the MMA's 8 columns (kernels/gemv_mma.cuh).
 #define LINEAR_GEMV_MMA_MAX_M 32
-// Where linear_cuda takes version 3 rather than 2 (chapter 03's small-M
-// table, one H100): from M = 5. At M = 8 it is ahead on every projection
-// (o_proj 4.9 against 6.1 us, gate_up 8.1 against 12.7), at M = 4 even or
-// behind (down_proj 5.9 against 5.4), at M = 1 and 2 behind (qkv_proj 6.5
-// against 5.7): from HBM, version 2's instructions cost little until M
-// grows, and version 3's blocks of one 16-row tile each start fewer loads.
-// In a decode step of 5 to 8 rows the fused down projection gains most
-// (chapter 09: 23 to 26% more tokens a second).
-#define LINEAR_GEMV_MMA_AUTO_MIN_M 5
-// Where linear_cuda picks the GEMV, from chapter 03's small-M table (one
-// H200, Qwen3-0.6B's projections, 16 launches in a CUDA graph): it is faster
-// than cuBLAS at M <= 2 on every shape (1.05x to 2.9x), and up to M = 8 only
-// on the narrow ones (N = 1024: o_proj 1.1-2.9x, down_proj 1.3-1.8x). On the
-// wide ones (N = 4096, 6144) cuBLAS wins from M = 4 (0.97x and 0.74x there).
-// Past 8 tokens cuBLAS keeps them too: version 3 takes up to 32, but at 16
-// it only ties cuBLAS on o_proj (6.6 against 6.5 us, H100) and at 32 loses
-// on both (9.5 against 6.5, 11.1 against 8.6), and a decode step of 9 to 16
-// rows on it gained nothing, of 24 and 32 rows lost 5 and 13% (chapter 09).
-#define LINEAR_GEMV_AUTO_MAX_M 2         // any N
-#define LINEAR_GEMV_AUTO_MAX_M_NARROW 8  // N <= LINEAR_GEMV_NARROW_N
-#define LINEAR_GEMV_NARROW_N 2048
+// Where linear_cuda takes version 3 rather than 2: from M = 2. Alone
+// (chapter 03's small-M table, one H100) version 3 is behind version 2 at
+// M = 1 and 2 (qkv_proj 6.5 against 5.7 us) and about even at 4, ahead at 8
+// (o_proj 4.9 against 6.1, gate_up 8.1 against 12.7). In a decode step it
+// is ahead from 2 rows: with version 3 on every projection a step of 2, 3
+// and 4 rows gave 20, 29 and 30% more tokens a second than with version 2
+// there (chapter 09, "The GEMV on every projection up to 8 rows", H100):
+// the fused down projection forms SiluAndMul's input once per 16-row tile,
+// not once per row pair.
+#define LINEAR_GEMV_MMA_AUTO_MIN_M 2
+// Where linear_cuda picks the GEMV: up to M = 8, on every shape. Alone, one
+// launch against one, cuBLAS is ahead of it from M = 4 on the wide
+// projections (N = 4,096 and 6,144: 0.97x and 0.74x on an H200), but in the
+// decode graphs the GEMV starts its weight loads under PDL while the kernel
+// before it runs, and cuBLAS waits for that kernel to finish: a step of 3 to
+// 8 rows with the GEMV on the wide projections too ran 7 to 19% faster (same
+// section). Past 8 tokens cuBLAS keeps them: version 3 takes up to 32, but a
+// step of 24 or 32 rows on it lost 12 and 24% (same section), and one of 9 to
+// 16 rows runs as two halves of at most 8 (MV_DECODE_HALVES).
+#define LINEAR_GEMV_AUTO_MAX_M 8
 
 // "auto", "v1-cublas", "v2-gemv", "v3-gemv-mma"; NULL for an unknown version.
 const char *linear_version_name(int version);
@@ -110,6 +108,12 @@ int linear_gemv_mma_applies(const bf16_t *d_x, const bf16_t *d_W, int M, int K);
 // takes the shape), 0 when unset (read once; the engine refuses any other
 // value at start-up).
 int linear_gemv_forced(void);
+
+// MV_LINEAR_GEMV_MAX_M=N, for measurements: linear_cuda picks a GEMV up to
+// N tokens (0 to LINEAR_GEMV_MMA_MAX_M) in place of LINEAR_GEMV_AUTO_MAX_M.
+// Returns N; -1 when unset; -2 for any other value (read once; the engine
+// refuses it at start-up).
+int linear_gemv_max_m_override(void);
 
 // The version linear_cuda runs for these arguments: LINEAR_GEMV_MMA,
 // LINEAR_GEMV or LINEAR_CUBLAS.

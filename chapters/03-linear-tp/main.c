@@ -594,7 +594,8 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
              c->x_off ? " x+1" : "", c->w_off ? " W+1" : "", c->why);
     const int applies = linear_gemv_applies(d_x, d_w, M, K), applies3 = linear_gemv_mma_applies(d_x, d_w, M, K);
     const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
-    const int max_m = N <= LINEAR_GEMV_NARROW_N ? LINEAR_GEMV_AUTO_MAX_M_NARROW : LINEAR_GEMV_AUTO_MAX_M;
+    const int over = linear_gemv_max_m_override();
+    const int max_m = over >= 0 ? over : LINEAR_GEMV_AUTO_MAX_M;
     const int forced = linear_gemv_forced();
     // A GEMV up to max_m where one takes the shape: version 3 from its
     // threshold (or forced), version 2 below it or forced, cuBLAS otherwise.

@@ -2176,6 +2176,68 @@ def render_gemm_leads():
     return "\n".join(out) + "\n"
 
 
+def lat_by_batch(xs):
+    """{batch: mean over the rounds xs of the median output tok/s}."""
+    out = {}
+    for x in xs:
+        for b in x["batches"]:
+            out.setdefault(b["batch"], []).append(b["output_tok_s"]["median"])
+    return {k: sum(v) / len(v) for k, v in out.items()}
+
+
+def render_gemv8():
+    """The GEMV on every projection up to 8 rows and the megakernel at one row: run 139's A/B of the two binaries
+    (json/09-engine.r139-*: latency 1 to 64 rows and the workload, two rounds each, alternated), and runs 136 to 138,
+    which found it with MV_LINEAR_GEMV_MAX_M, MV_MEGAKERNEL and MV_LINEAR_GEMV (json/09-engine.r13{6,7,8}-*)."""
+    ab = {w: [load(f"09-engine.r139-lat-{w}-r{r}.json") for r in (1, 2)] for w in ("old", "new")}
+    wl = {w: [load(f"09-engine.r139-wl-{w}-r{r}.json") for r in (1, 2)] for w in ("old", "new")}
+    r136 = {a: [load(f"09-engine.r136-lat-{a}-r{r}.json") for r in (1, 2)] for a in ("base", "32")}
+    r137 = {a: [load(f"09-engine.r137-lat-{a}-r{r}.json") for r in (1, 2)] for a in ("g16", "h0", "g16h0", "g16mk0")}
+    r138 = {a: [load(f"09-engine.r138-lat-{a}-r{r}.json") for r in (1, 2)] for a in ("base", "g8mk0", "g8v3mk0")}
+    every = [x for d in (ab, wl, r136, r137, r138) for xs in d.values() for x in xs]
+    if not all(every):
+        return None
+    h = ab["new"][0]
+    mean = lambda xs: sum(x["output_tok_s"] for x in xs) / len(xs)
+    out = [f"`minivllm bench --random-weights --model tests/data/qwen3-0.6b-shape --device cuda` on **{h['gpu']}**, "
+           f"{h['date'][:10]} (run 139), two binaries alternated in one call, two rounds each: *before*, the rule of "
+           "commit 8ee93be (cuBLAS for `qkv_proj` and `gate_up_proj` from 3 rows, version 2 of the GEMV up to 4 "
+           "rows, the megakernel at 1 and 2 rows); *after*, this section's rule (the GEMV on every projection up to 8 "
+           "rows, version 3 from 2 rows, the megakernel at 1 row). Output tok/s (and the time per output token):", "",
+           "| run | before, rounds 1 / 2 | after, rounds 1 / 2 | after / before |", "| --- | ---: | ---: | ---: |"]
+    for b in (x["batch"] for x in ab["old"][0]["batches"]):
+        out.append(f"| latency, {b} row{'s' if b > 1 else ''} (512 + 256, `--repeat 1`) | {lat_cell(ab['old'], b)} | "
+                   f"{lat_cell(ab['new'], b)} | {100 * lat_mean(ab['new'], b) / lat_mean(ab['old'], b):.1f}% |")
+    out.append(f"| nano-vllm's workload, greedy (`--input W --repeat 1`) | {tok_cell(wl['old'])} | {tok_cell(wl['new'])} "
+               f"| {100 * mean(wl['new']) / mean(wl['old']):.1f}% |")
+    g = r138["base"][0]
+    base, mk, v2, v3 = (lat_by_batch(x) for x in (r138["base"], r137["g16"], r138["g8mk0"], r138["g8v3mk0"]))
+    b136, g32 = lat_by_batch(r136["base"]), lat_by_batch(r136["32"])
+    out += ["", f"How the rule was found: runs 136 to 138 on the same kind of card ({g['gpu']}, {g['date'][:10]}), the "
+            "binary of commit 8ee93be's rule with `MV_LINEAR_GEMV_MAX_M` added, latency 512 + 128, the mean of two "
+            "rounds' output tok/s. *before*: the rule before (the megakernel at 1 and 2 rows, cuBLAS for the wide "
+            "projections from 3); *megakernel*: `MV_LINEAR_GEMV_MAX_M=16`, which let the "
+            "megakernel take 1 to 8 rows (run 137); *unfused, v2 to 4*: `MV_LINEAR_GEMV_MAX_M=8 MV_MEGAKERNEL=0`, the "
+            "GEMV on every projection, version 2 up to 4 rows and 3 from 5; *unfused, v3*: the same with "
+            "`MV_LINEAR_GEMV=3`, version 3 from 1 row (run 138); *v3 to 32*: `MV_LINEAR_GEMV_MAX_M=32`, the GEMV up "
+            "to 32 rows (run 136):", "",
+            "| rows | before | megakernel | unfused, v2 to 4 | unfused, v3 | v3 to 32 |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    f = lambda d, b: f"{d[b]:,.0f}" if b in d else ""
+    for b in sorted(set(base) | set(b136)):
+        if b > 32:
+            continue
+        ref = base if b in base else b136
+        out.append(f"| {b} | {f(ref, b)} | {f(mk, b) if 2 < b <= 8 else ''} | {f(v2, b)} | {f(v3, b)} | "
+                   f"{f(g32, b) if b > 16 else ''} |")
+    h0, g16h0, g16mk0 = (lat_by_batch(r137[a]) for a in ("h0", "g16h0", "g16mk0"))
+    out += ["", f"At 12 and 16 rows (a graph of 16) the step runs as two halves of 8 by default (run 137): with the "
+            f"GEMV on every projection {f(g16mk0, 12)} and {f(g16mk0, 16)} tok/s; without the halves "
+            f"(`MV_DECODE_HALVES=0`) {f(g16h0, 12)} and {f(g16h0, 16)}, against cuBLAS's {f(h0, 12)} and "
+            f"{f(h0, 16)} there."]
+    return "\n".join(out) + "\n"
+
+
 PREFILL_NCU = "09-engine.r127-prefill-ncu.csv"
 PREFILL_ROWS, PREFILL_LEN = 14, 585  # run 127's --batch and --prompt-len
 
@@ -2792,6 +2854,9 @@ def blocks():
     pe = render_pdl_early()
     if pe:
         out["09-engine:pdl-early"] = ("09-engine.r131-early-1-r1.json", pe)
+    g8 = render_gemv8()
+    if g8:
+        out["09-engine:gemv8"] = ("09-engine.r139-lat-new-r1.json", g8)
     gle = render_gemm_leads()
     if gle:
         out["09-engine:gemm-leads"] = ("09-engine.r135-wl-gemm1-r1.json", gle)

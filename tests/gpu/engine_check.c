@@ -445,7 +445,8 @@ static int run_hashed(const char *dir, int eager, int sampled, const golden_t *g
 // megakernel's sizes. Here B rows at a time (max_num_seqs B, B requests),
 // B = 1, 2, 4, 8: every decode step runs at exactly B rows, through the
 // megakernel wherever it takes B (kernels/decode_megakernel.h; the graph
-// engines here are made with MV_MEGAKERNEL=1), and must give the bits of
+// engines here are made with MV_MEGAKERNEL=1 and MV_MEGAKERNEL_ROWS=2, so
+// 1 and 2 rows; the engine's default is 1), and must give the bits of
 // the same steps launched kernel by kernel. On a GPU of compute capability
 // 9.0 the tiny checkpoints and Qwen3-0.6B's shapes must take it: otherwise
 // the check would pass without running it. Since the megakernel is the
@@ -469,12 +470,16 @@ static int megakernel_expected(void) {
 #endif
 }
 
-// use: 1 the graphs with MV_MEGAKERNEL=1, 0 with MV_MEGAKERNEL=0, 2 with
+// use: 1 the graphs with MV_MEGAKERNEL=1 (and MV_MEGAKERNEL_ROWS=2), 0 with MV_MEGAKERNEL=0, 2 with
 // MV_MEGAKERNEL=1 and MV_MEGAKERNEL_FUSED_ROPE=0, 3 with MV_MEGAKERNEL_XREG=0
 // (the GEMV's x from shared memory for every row pair); 2 and 3 at 1 and 2
 // rows only.
-static const char *const mk_switches[4][2] = {
-    {NULL, NULL}, {NULL, NULL}, {"MV_MEGAKERNEL_FUSED_ROPE=0", NULL}, {"MV_MEGAKERNEL_XREG=0", NULL}};
+// Every form with the megakernel also takes steps of 2 rows
+// (MV_MEGAKERNEL_ROWS=2; by default it takes only 1).
+static const char *const mk_switches[4][2] = {{NULL, NULL},
+                                              {"MV_MEGAKERNEL_ROWS=2", NULL},
+                                              {"MV_MEGAKERNEL_ROWS=2", "MV_MEGAKERNEL_FUSED_ROPE=0"},
+                                              {"MV_MEGAKERNEL_ROWS=2", "MV_MEGAKERNEL_XREG=0"}};
 static void mk_switches_set(int use, int on) {
     for (int i = 0; i < 2; i++) {
         const char *kv = mk_switches[use][i];
@@ -584,9 +589,11 @@ static int run_split(int B, const int32_t (*prompts)[SPLIT_PROMPT], const int *l
     char saved[32];
     snprintf(saved, sizeof saved, "%s", was ? was : "");
     setenv("MV_MEGAKERNEL", mk, 1);
+    setenv("MV_MEGAKERNEL_ROWS", "2", 1);  // the megakernel takes 1 row by default
     engine_config_t c = random_weights_config("tests/data/qwen3-0.6b-shape", 4096, B, 1024, 1LL << 30);
     engine_t *e = NULL;
     int rc = engine_create(&c, &e);
+    unsetenv("MV_MEGAKERNEL_ROWS");
     if (was) setenv("MV_MEGAKERNEL", saved, 1);
     else unsetenv("MV_MEGAKERNEL");
     if (rc) return -1;

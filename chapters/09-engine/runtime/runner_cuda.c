@@ -683,6 +683,20 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
     return full / (size_t)r->cfg.num_key_value_heads * (size_t)lo->qkv.tp.kv_heads_local;
 }
 
+// The most rows a decode step runs in the megakernel. It takes up to 8, but
+// from 2 rows the unfused graph, with the tensor-core GEMV on every
+// projection, is faster (H100, tokens a second at 2, 3, 4 and 8 rows:
+// 1,860, 2,692, 3,537 and 6,305 against the megakernel's 1,696, 1,674,
+// 2,139 and 4,167); at one row the megakernel is 24% ahead (chapter 09,
+// "The GEMV on every projection up to 8 rows"). MV_MEGAKERNEL_ROWS=N sets it
+// to N (1 to 8), to measure and check the megakernel's other sizes.
+#define DECODE_MEGAKERNEL_MAX_ROWS 1
+
+static int megakernel_max_rows(void) {
+    const char *v = getenv("MV_MEGAKERNEL_ROWS");  // one digit 1 to 8: check_switches refuses anything else
+    return v && v[0] >= '1' && v[0] <= '8' && !v[1] ? v[0] - '0' : DECODE_MEGAKERNEL_MAX_ROWS;
+}
+
 #define RUNNER_STR_(x) #x
 #define RUNNER_STR(x) RUNNER_STR_(x)
 // Each switch, the values it takes (one character each) and what they mean.
@@ -697,6 +711,8 @@ static const struct {
      "0 (a mixed step's rows all through prefill attention) or 1 (its one-token rows through decode attention, the "
      "default)"},
     {"MV_MEGAKERNEL", "01", "0 (the unfused decode graphs) or 1 (the megakernel, the default)"},
+    {"MV_MEGAKERNEL_ROWS", "12345678",
+     "1 to 8 (the most rows a decode step runs in the megakernel; default " RUNNER_STR(DECODE_MEGAKERNEL_MAX_ROWS) ")"},
     {"MV_DECODE_ATTENTION", "3467",
      "3, 4, 6 or 7 (the decode attention version; default " RUNNER_STR(ATTN_DECODE_FAST) ")"},
     {"MV_DECODE_PIECES", "048",
@@ -723,7 +739,7 @@ static const struct {
      "pieces in every graph run whole; unset: up to " RUNNER_STR(DECODE_ROPE_MAX_ROWS) " rows)"},
 };
 
-// The experiment switches above and MV_MEGAKERNEL_GATES
+// The experiment switches above, MV_LINEAR_GEMV_MAX_M and MV_MEGAKERNEL_GATES
 // (decode_megakernel_gates): any other value is refused at creation, naming
 // it, rather than read as the default (MV_MEGAKERNEL=off would otherwise
 // leave the megakernel on).
@@ -733,6 +749,10 @@ static int check_switches(void) {
         if (v && (strlen(v) != 1 || !strchr(SWITCHES[i].values, v[0])))
             return mv_error("%s=%s: it takes %s", SWITCHES[i].name, v, SWITCHES[i].takes);
     }
+    if (linear_gemv_max_m_override() == -2)
+        return mv_error("MV_LINEAR_GEMV_MAX_M=%s: it takes a number of tokens from 0 to %d (a GEMV up to that many "
+                        "on every projection)",
+                        getenv("MV_LINEAR_GEMV_MAX_M"), LINEAR_GEMV_MMA_MAX_M);
     int gate[4], gated;
     char why[160];
     if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), gate, &gated, why, sizeof why))
@@ -1317,15 +1337,17 @@ static int megakernel_prepare(model_runner_t *r) {
     }
     megakernel_args_t a;
     megakernel_args_fill(r, s, &a, r->rc.max_model_len);
+    const int max_rows = megakernel_max_rows();
     for (int k = 0, from_one = 1; k < s->num_sizes; k++) {
         char why[sizeof r->megakernel_why] = "";
-        const int ok = s->sizes[k] <= 8 && decode_megakernel_applies(&a, &h[0], s->sizes[k], why, sizeof why);
+        const int ok = s->sizes[k] <= max_rows &&
+                       decode_megakernel_applies(&a, &h[0], s->sizes[k], why, sizeof why);
         s->megakernel[k] = ok;
         if (ok && from_one) r->megakernel_rows = s->sizes[k];
         if (!ok) from_one = 0;
         if (!ok && !r->megakernel_why[0])
             snprintf(r->megakernel_why, sizeof r->megakernel_why, "at %d rows: %s", s->sizes[k],
-                     s->sizes[k] > 8 ? "more than 8 rows" : why);
+                     s->sizes[k] > max_rows ? "more rows than it is faster at (MV_MEGAKERNEL_ROWS)" : why);
     }
     free(h);
     return 0;
