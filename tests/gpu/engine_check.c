@@ -33,7 +33,10 @@
  *    with --enforce-eager: the tokens and every step's logits must be
  *    bit-identical (a 64-bit hash per row). Again with MV_DECODE_ROPE=1:
  *    the graphs' q/k norm, RoPE and KV store inside decode attention
- *    (attention_decode_rope_cuda) against eager's two kernels.
+ *    (attention_decode_rope_cuda) against eager's two kernels. And at
+ *    Qwen3-0.6B's shapes with random weights, 24 and 64 rows, where the
+ *    GEMMs are large enough to show a kernel reading its input too early
+ *    (check_graphs_06b).
  * 2. (Not with --enforce-eager or MV_TP_COMM_OF_ONE=1, which do not change
  *    it.) The GPU sampler (kernels/sampling.h), every version (1: bisection,
  *    2: shortlists, the engine's), against its CPU reference
@@ -396,7 +399,8 @@ static engine_config_t random_weights_config(const char *dir, int max_model_len,
 }
 
 // The engine of run_hashed: max_num_seqs rows; random_weights for a
-// directory with a config alone (Qwen3-0.6B's shapes: a 256 MiB cache).
+// directory with a config alone (Qwen3-0.6B's shapes: a 256 MiB cache, 1 GiB
+// past 8 rows, where 64 sequences of up to 128 tokens need 0.6 GB).
 static engine_t *make_graph_engine(const char *dir, int eager, int max_num_seqs, int random_weights) {
     const run_cfg_t rc = {"graphs", max_num_seqs, 512, 0, 1, 0, 0, 0};
     const int saved = g_enforce_eager;
@@ -405,7 +409,8 @@ static engine_t *make_graph_engine(const char *dir, int eager, int max_num_seqs,
     if (!random_weights) {
         e = make_engine(dir, RUNNER_DEVICE_CUDA, &rc);
     } else {
-        engine_config_t c = random_weights_config(dir, 128, max_num_seqs, 512, 256LL << 20);
+        engine_config_t c =
+            random_weights_config(dir, 128, max_num_seqs, 512, max_num_seqs > 8 ? 1LL << 30 : 256LL << 20);
         c.enforce_eager = eager;
         if (engine_create(&c, &e)) e = NULL;
     }
@@ -570,6 +575,65 @@ static void check_megakernel_06b(void) {
         }
     }
     check_megakernel("tests/data/qwen3-0.6b-shape", g, 1);
+    free(g);
+}
+
+// ---- graphs against eager at Qwen3-0.6B's shapes, past the GEMV's rows ------------------
+// The tiny checkpoints' graphs (11 rows, a graph of 16) multiply matrices too
+// small to show a kernel that reads its input before the kernel before it
+// has written it: edges into cuBLAS's GEMMs made programmatic passed them
+// and gave wrong tokens from the first decode steps at Qwen3-0.6B's shapes
+// (docs/09-engine.md, "What was tried"). Here 24 and 64 rows of random-weight
+// Qwen3-0.6B (prompts of 20 to 62 ids, 16 new tokens each), greedy and
+// sampled: the decode graphs (cuBLAS's GEMMs, the edges moved to the
+// launch-completion port, decode attention's pieces) against the same steps
+// launched kernel by kernel, every logit row bit for bit.
+static void check_graphs_06b(void) {
+    golden_t *g = calloc(1, sizeof *g);
+    if (!g) return;
+    uint32_t x = 4242u;
+    g->n_cases = 64;
+    g->max_new_tokens = 16;
+    for (int i = 0; i < g->n_cases; i++) {
+        g->cases[i].n_prompt = 20 + (7 * i) % 43;
+        for (int k = 0; k < g->cases[i].n_prompt; k++) {
+            x = x * 1664525u + 1013904223u;
+            g->cases[i].prompt[k] = (int32_t)((x >> 8) % 1000u);
+        }
+    }
+    const char *dir = "tests/data/qwen3-0.6b-shape";
+    static const int batches[] = {24, 64};
+    for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+        const int B = batches[bi];
+        for (int sampled = 0; sampled < 2; sampled++) {
+            engine_output_t a[MAX_CASES], b[MAX_CASES];
+            logit_hashes_t *ha = calloc(1, sizeof *ha), *hb = calloc(1, sizeof *hb);
+            int graphs = 0, none = 0;
+            const char *what = sampled ? "sampled" : "greedy";
+            if (!ha || !hb || run_hashed_ex(dir, 0, sampled, g, 0, B, B, 1, a, ha, &graphs, NULL)) {
+                verdict("FAIL", "%s graphs vs eager, %d rows, %s: %s", dir, B, what, mv_last_error());
+                free(ha), free(hb);
+                continue;
+            }
+            if (run_hashed_ex(dir, 1, sampled, g, 0, B, B, 1, b, hb, &none, NULL)) {
+                verdict("FAIL", "%s graphs vs eager, %d rows, %s (eager): %s", dir, B, what, mv_last_error());
+                engine_outputs_free(a, B);
+                free(ha), free(hb);
+                continue;
+            }
+            int bad_ids, bad_rows;
+            count_differences(a, b, ha, hb, B, &bad_ids, &bad_rows);
+            if (graphs == 0 || none != 0 || bad_ids || bad_rows || ha->rows != hb->rows || ha->rows == 0)
+                verdict("FAIL", "%s graphs vs eager, %d rows, %s: %d requests' tokens and %d logit rows differ (%d vs "
+                        "%d rows; %d graphs)", dir, B, what, bad_ids, bad_rows, ha->rows, hb->rows, graphs);
+            else
+                verdict("PASS", "%s graphs vs eager, %d rows, %s: %d requests, %d logit rows bit-identical (%d graphs)",
+                        dir, B, what, B, ha->rows, graphs);
+            engine_outputs_free(a, B);
+            engine_outputs_free(b, B);
+            free(ha), free(hb);
+        }
+    }
     free(g);
 }
 
@@ -846,6 +910,7 @@ static void check_goldens(runner_device_t dev) {
         free(g);
     }
     if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel_06b();
+    if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_graphs_06b();
     if (dev == RUNNER_DEVICE_CUDA && !g_enforce_eager) check_megakernel_split();
 }
 
