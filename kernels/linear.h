@@ -75,9 +75,9 @@ extern "C" {
 // launch against one, cuBLAS is ahead of it from M = 4 on the wide
 // projections (N = 4,096 and 6,144: 0.97x and 0.74x on an H200), but in the
 // decode graphs the GEMV starts its weight loads under PDL while the kernel
-// before it runs, and cuBLAS waits for that kernel to finish: a step of 3 to
-// 8 rows with the GEMV on the wide projections too ran 7 to 19% faster (same
-// section). Past 8 tokens cuBLAS keeps them: version 3 takes up to 32, but a
+// before it runs, and cuBLAS waits for that kernel to finish: with the GEMV
+// on the wide projections too (and version 3 from 2 rows), steps of 3 to 8
+// rows ran 5 to 20% faster (same section). Past 8 tokens cuBLAS keeps them: version 3 takes up to 32, but a
 // step of 24 or 32 rows on it lost 12 and 24% (same section), and one of 9 to
 // 16 rows runs as two halves of at most 8 (MV_DECODE_HALVES).
 #define LINEAR_GEMV_AUTO_MAX_M 8

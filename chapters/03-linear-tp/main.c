@@ -983,11 +983,16 @@ int main(int argc, char **argv) {
     harness_t h;
     // MV_LINEAR_GEMV forces linear_cuda's GEMV (kernels/linear.h); any other
     // value than 2 or 3 is refused here, as the engine refuses it, rather
-    // than read as unset.
+    // than read as unset. So is an MV_LINEAR_GEMV_MAX_M outside 0 to 32.
     const char *gemv = getenv("MV_LINEAR_GEMV");
     if (gemv && strcmp(gemv, "2") && strcmp(gemv, "3")) {
         fprintf(stderr, "03-linear-tp: MV_LINEAR_GEMV=%s: it takes 2 (version 2, the GEMV on fp32 FMAs) or 3 "
                         "(version 3, on the tensor cores)\n", gemv);
+        return 2;
+    }
+    if (linear_gemv_max_m_override() == -2) {
+        fprintf(stderr, "03-linear-tp: MV_LINEAR_GEMV_MAX_M=%s: it takes a number of tokens from 0 to %d (a GEMV up "
+                        "to that many on every projection)\n", getenv("MV_LINEAR_GEMV_MAX_M"), LINEAR_GEMV_MMA_MAX_M);
         return 2;
     }
     // linear_cuda's automatic choice (LINEAR_AUTO) is checked as the version it picks.

@@ -686,7 +686,7 @@ static size_t rank_block_bytes(const model_runner_t *r, const qwen3_layout_t *lo
 // The most rows a decode step runs in the megakernel. It takes up to 8, but
 // from 2 rows the unfused graph, with the tensor-core GEMV on every
 // projection, is faster (H100, tokens a second at 2, 3, 4 and 8 rows:
-// 1,860, 2,692, 3,537 and 6,305 against the megakernel's 1,696, 1,674,
+// 1,859, 2,692, 3,537 and 6,305 against the megakernel's 1,696, 1,674,
 // 2,139 and 4,167); at one row the megakernel is 24% ahead (chapter 09,
 // "The GEMV on every projection up to 8 rows"). MV_MEGAKERNEL_ROWS=N sets it
 // to N (1 to 8), to measure and check the megakernel's other sizes.
