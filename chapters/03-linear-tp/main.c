@@ -990,11 +990,13 @@ int main(int argc, char **argv) {
                         "(version 3, on the tensor cores)\n", gemv);
         return 2;
     }
+#if MV_HAVE_CUDA
     if (linear_gemv_max_m_override() == -2) {
         fprintf(stderr, "03-linear-tp: MV_LINEAR_GEMV_MAX_M=%s: it takes a number of tokens from 0 to %d (a GEMV up "
                         "to that many on every projection)\n", getenv("MV_LINEAR_GEMV_MAX_M"), LINEAR_GEMV_MMA_MAX_M);
         return 2;
     }
+#endif
     // linear_cuda's automatic choice (LINEAR_AUTO) is checked as the version it picks.
     static const harness_kernel_t kernels[] = {{"linear", LINEAR_VERSION_TABLE}, {NULL, NULL}};
     harness_begin_kernels(&h, "03-linear-tp",
