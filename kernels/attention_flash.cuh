@@ -43,24 +43,6 @@
 
 enum { FL_BR = 64, FL_BC = 64, FL_WARPS = 4, FL_THREADS = 32 * FL_WARPS };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
-// and lane l receives, of each matrix, row l/4, columns 2(l%4), 2(l%4)+1.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// The same, each matrix transposed: lane l receives rows 2(l%4), 2(l%4)+1 of column l/4.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
 // C[16x8] += A[16x16] B[16x8], bf16 in, fp32 accumulators. Fragments
 // (g = lane/4, c = lane%4): A a0 (row g, cols 2c..2c+1), a1 (row g+8),
 // a2 (row g, cols 2c+8..), a3 (row g+8, cols 2c+8..); B b0 (rows 2c..2c+1,
@@ -76,13 +58,6 @@ __device__ __forceinline__ void mma_bf16_16x8x16(float c[4], const uint32_t a[4]
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (the lower address, lower column) = lo
     return *reinterpret_cast<uint32_t *>(&v);
-}
-
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of
-// rows of CHUNKS chunks.
-template <int CHUNKS>
-__device__ __forceinline__ uint32_t swz(int row, int chunk) {
-    return (uint32_t)((row * CHUNKS + (chunk ^ (row & 7))) * 16);
 }
 
 // Load key rows j0 .. j0+63 of sequence s (K and V) into one buffer; rows

@@ -57,6 +57,33 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// The shared-space address of a pointer into shared memory (cp.async,
+// ldmatrix and mma operands take 32-bit shared addresses).
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
+// and lane l receives, of each matrix, row l/4, columns 2(l%4), 2(l%4)+1.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// The same, each matrix transposed: lane l receives rows 2(l%4), 2(l%4)+1 of column l/4.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of
+// rows of CHUNKS chunks.
+template <int CHUNKS>
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return (uint32_t)((row * CHUNKS + (chunk ^ (row & 7))) * 16);
+}
+
 // The number of multiprocessors (SMs) of the current device, queried once
 // per device and cached: launchers size grids that fill the GPU from it.
 int mv_num_sms(void);

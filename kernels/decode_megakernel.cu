@@ -1340,7 +1340,7 @@ extern "C" int decode_megakernel_applies(const megakernel_args_t *a, const megak
         {a->hidden_out, layer0->gate_up, 2 * I, H, "gate_up_proj"}, {a->gate_up, layer0->down, H, I, "down_proj"}};
     const int gv = gemv_version(M);
     for (size_t k = 0; k < sizeof proj / sizeof *proj; k++) {
-        const int v = linear_auto_version(proj[k].x, proj[k].w, M, proj[k].N, proj[k].K);
+        const int v = linear_auto_version(NULL, proj[k].x, proj[k].w, M, proj[k].N, proj[k].K);
         if (v != gv)
             return (snprintf(why, why_len, "%s at M = %d runs on %s, not the megakernel's GEMV (%s)", proj[k].name, M,
                              v == LINEAR_CUBLAS ? "cuBLAS" : linear_version_name(v), linear_version_name(gv)),

@@ -38,6 +38,7 @@
 #include "kernels/linear.h"
 #include "kernels/versions.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -631,6 +632,308 @@ static int linear_gemv_mma(bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W, 
     return launch_gemv_mma(0, d_out, d_x, d_W, d_bias, M, N, K, stream);
 }
 
+// ---- version 4: the tiled tensor-core GEMM for 9 to a few hundred tokens ----------------
+//
+// Where the GEMV runs out (its per-token work grows with M) and before
+// cuBLAS's tiles are full (from a few hundred tokens), a projection is
+// still mostly its weight's bytes, yet cuBLAS takes 6 to 8 us for it in a
+// decode graph: its kernels do not use programmatic dependent launch, so
+// each one starts only after the kernel ahead has finished and its own
+// prologue and first loads are all on the critical path (chapter 09: 3.2 to
+// 3.8 us a GEMM at 4 to 32 rows when that wait was skipped). This GEMM
+// issues its weight's first loads before pdl_wait(), as the GEMV does.
+//
+// Tiles. A block owns 64 rows of W (LT_BN, 16 a warp, 4 warps) and up to 64
+// tokens (BM = 16 NP, NP a template parameter: 1 to 4 pairs of the MMA's 8
+// columns), and a slice of K. K is cut into chunks of 64 values (LT_BK, 128
+// bytes a row); a chunk of W (8 KB) and of x (BM rows) is copied into shared
+// memory by cp.async (16 bytes a thread, 4 stages in a ring; rows swizzled,
+// 16-byte piece c of row r at c ^ (r % 8), so ldmatrix reads them without
+// bank conflicts). Per 16 values of K a warp takes its A fragment (16 rows of
+// W) and NP B fragments (16 tokens each) by ldmatrix.x4 and issues 2 NP
+// mma.sync.m16n8k16, bf16 in, fp32 sums in registers. Each x chunk is read
+// from L2 once per block, so the x traffic is 64 times smaller than W's rows
+// make it in a GEMV of 16-row tiles (version 3's weakness past 8 tokens).
+//
+// Split K. With N = 1,024 (o_proj, down_proj) 64-row tiles make only 16
+// blocks, too few to keep HBM busy, so K is split over S blocks (S from N
+// and K only, lt_splits: the smallest power of two, at most 16 and at most
+// the number of chunks, that makes at least 128 blocks of one token tile,
+// then as few as hold the same ceil(chunks / S) chunks each).
+// Each block writes its fp32 sums to a workspace, and the last block of a
+// tile to arrive (an atomic counter per tile; it resets the counter) adds the
+// S slices in order, adds the bias and rounds once. S = 1 stores directly.
+//
+// The bits. Each output is ((D_0 + D_1) + ...) + bias rounded once, D_s the
+// sum of split s's chunks in order, each chunk 4 MMAs in k order: it depends
+// on N and K (through S) and on nothing else: not on M, the token tile, or
+// which block finished last. So a token's output does not depend on the
+// batch it is in (chapter 03 checks it).
+//
+// The workspace: a counter per tile and S * M * N floats, per cuBLAS handle
+// (linear_set_workspace), so that two streams with their own handles never
+// share one.
+
+#define LT_BN 64          // rows of W a block owns
+#define LT_BK 64          // values of K a chunk holds (128 bytes a row)
+#define LT_MAX_BM 64      // tokens a block owns
+#define LT_STAGES 4       // chunks in flight in the ring
+#define LT_THREADS 128    // 4 warps, 16 rows of W each
+#define LT_MIN_BLOCKS 128  // lt_splits' target: blocks of one token tile
+#define LT_MAX_SPLITS 16
+#define LT_COUNTERS 16384  // tile counters at the start of a workspace
+#define LT_COUNTER_BYTES (LT_COUNTERS * sizeof(unsigned))
+
+static int lt_splits(int N, int K) {
+    const int tiles = (N + LT_BN - 1) / LT_BN, chunks = (K + LT_BK - 1) / LT_BK;
+    int s = 1;
+    while (s < LT_MAX_SPLITS && s < chunks && tiles * s < LT_MIN_BLOCKS) s *= 2;
+    // Every split gets ceil(chunks / s) chunks, so the last splits may be
+    // empty: s then counts only those with chunks.
+    const int per = (chunks + s - 1) / s;
+    return (chunks + per - 1) / per;
+}
+
+// Token tiles of BM = 16 * min(4, ceil(M / 16)) tokens.
+static int lt_pairs(int M) { return M >= LT_MAX_BM ? LT_MAX_BM / 16 : (M + 15) / 16; }
+
+// One chunk of `rows` rows (row0 on) of a [*, K] matrix into a swizzled
+// stage at dst: rows x 8 pieces of 16 bytes, zeros past row_end or K.
+__device__ __forceinline__ void lt_load_chunk(uint32_t dst, const bf16 *__restrict__ src, int rows, int row0,
+                                              int row_end, int K, int k0) {
+    for (int p = threadIdx.x; p < rows * 8; p += LT_THREADS) {
+        const int r = p / 8, c = p % 8, row = row0 + r, k = k0 + 8 * c;
+        const bool ok = row < row_end && k < K;
+        cp_async16(dst + swz<8>(r, c), ok ? src + (long long)row * K + k : src, ok ? 16 : 0);
+    }
+}
+
+template <int NP>
+__global__ void __launch_bounds__(LT_THREADS)
+linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
+                   const bf16 *__restrict__ bias, float *__restrict__ ws, unsigned *__restrict__ counters, int M,
+                   int N, int K, int S, int per) {
+    constexpr int BM = 16 * NP;
+    constexpr int W_BYTES = LT_BN * LT_BK * 2, X_BYTES = BM * LT_BK * 2, STAGE = W_BYTES + X_BYTES;
+    extern __shared__ __align__(128) unsigned char lt_smem[];
+    __shared__ unsigned last;
+    const uint32_t base = smem_u32(lt_smem);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+    const int n0 = blockIdx.x * LT_BN, m0 = blockIdx.y * BM, split = blockIdx.z;
+    const int C = (K + LT_BK - 1) / LT_BK, c0 = split * per, nc = min(C, c0 + per) - c0;
+
+    pdl_launch_dependents();
+    // The weight's first chunks depend on no kernel: in flight before the wait.
+#pragma unroll
+    for (int i = 0; i < LT_STAGES - 1; i++)
+        if (i < nc) lt_load_chunk(base + i * STAGE, W, LT_BN, n0, N, K, (c0 + i) * LT_BK);
+    pdl_wait();
+#pragma unroll
+    for (int i = 0; i < LT_STAGES - 1; i++) {
+        if (i < nc) lt_load_chunk(base + i * STAGE + W_BYTES, x, BM, m0, M, K, (c0 + i) * LT_BK);
+        cp_async_commit();  // group i: chunk i's x (and, in group 0, the W above)
+    }
+
+    float d[2 * NP][4];
+#pragma unroll
+    for (int j = 0; j < 2 * NP; j++) d[j][0] = d[j][1] = d[j][2] = d[j][3] = 0.0f;
+    for (int i = 0; i < nc; i++) {
+        cp_async_wait<LT_STAGES - 2>();  // chunk i has landed (this thread's copies)
+        __syncthreads();                 // everyone's, and chunk i - 1's stage is free
+        const int nx = i + LT_STAGES - 1;
+        if (nx < nc) {
+            const uint32_t st = base + (nx % LT_STAGES) * STAGE;
+            lt_load_chunk(st, W, LT_BN, n0, N, K, (c0 + nx) * LT_BK);
+            lt_load_chunk(st + W_BYTES, x, BM, m0, M, K, (c0 + nx) * LT_BK);
+        }
+        cp_async_commit();
+        const uint32_t sw = base + (i % LT_STAGES) * STAGE, sx = sw + W_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < LT_BK / 16; kk++) {
+            // A: rows 16 warp + (lane % 16), pieces 2 kk + lane / 16.
+            uint32_t a[4];
+            ldmatrix_x4(a, sw + swz<8>(16 * warp + lane % 16, 2 * kk + lane / 16));
+#pragma unroll
+            for (int p = 0; p < NP; p++) {
+                // B: tokens 16 p + lane % 8 (+ 8 for lanes 16..31), pieces 2 kk + (lane / 8) % 2:
+                // b0, b1 of group 2p, then of group 2p + 1.
+                uint32_t b[4];
+                ldmatrix_x4(b, sx + swz<8>(16 * p + lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2));
+                mma_16816(d[2 * p], a[0], a[1], a[2], a[3], b[0], b[1]);
+                mma_16816(d[2 * p + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // D of group j: lane (g, t) holds rows g, g + 8 of tokens 8 j + 2t, 8 j + 2t + 1.
+    const int r_lo = n0 + 16 * warp + g, r_hi = r_lo + 8;
+    if (S == 1) {
+#pragma unroll
+        for (int j = 0; j < 2 * NP; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int n = e < 2 ? r_lo : r_hi, m = m0 + 8 * j + 2 * t + (e & 1);
+                if (n < N && m < M)
+                    out[(long long)m * N + n] = __float2bfloat16(d[j][e] + (bias ? __bfloat162float(bias[n]) : 0.0f));
+            }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 2 * NP; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int n = e < 2 ? r_lo : r_hi, m = m0 + 8 * j + 2 * t + (e & 1);
+            if (n < N && m < M) ws[((long long)split * M + m) * N + n] = d[j][e];
+        }
+    __threadfence();  // this block's sums are visible GPU-wide before it counts itself in
+    __syncthreads();
+    unsigned *counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == (unsigned)(S - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // the other blocks' sums, seen after their counts
+    // Tile [BM tokens x 64 rows]: neighbouring threads take neighbouring rows (coalesced).
+    for (int o = threadIdx.x; o < BM * LT_BN; o += LT_THREADS) {
+        const int n = n0 + o % LT_BN, m = m0 + o / LT_BN;
+        if (n >= N || m >= M) continue;
+        float sum = __ldcg(ws + (long long)m * N + n);
+        for (int s = 1; s < S; s++) sum += __ldcg(ws + ((long long)s * M + m) * N + n);
+        if (bias) sum += __bfloat162float(bias[n]);
+        out[(long long)m * N + n] = __float2bfloat16(sum);
+    }
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
+}
+
+// The workspace registered for each cuBLAS handle (linear_set_workspace).
+#define LT_MAX_HANDLES 16
+static struct {
+    cublasHandle_t handle;
+    void *ws;
+    size_t bytes;
+} lt_workspaces[LT_MAX_HANDLES];
+static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int lt_lookup(cublasHandle_t handle, void **ws, size_t *bytes) {
+    int found = 0;
+    pthread_mutex_lock(&lt_lock);
+    for (int i = 0; i < LT_MAX_HANDLES && !found; i++)
+        if (handle && lt_workspaces[i].handle == handle) {
+            *ws = lt_workspaces[i].ws, *bytes = lt_workspaces[i].bytes;
+            found = 1;
+        }
+    pthread_mutex_unlock(&lt_lock);
+    return found;
+}
+
+extern "C" size_t linear_tile_workspace_bytes(int M, int N, int K) {
+    if (M < 1 || N < 1 || K < 1) return LT_COUNTER_BYTES;
+    const int S = lt_splits(N, K);
+    return LT_COUNTER_BYTES + (S > 1 ? (size_t)S * M * N * sizeof(float) : 0);
+}
+
+extern "C" int linear_set_workspace(cublasHandle_t handle, void *d_ws, size_t bytes) {
+    if (!handle) return mv_error("linear_set_workspace: null cuBLAS handle");
+    if (d_ws && bytes < LT_COUNTER_BYTES)
+        return mv_error("linear_set_workspace: %zu bytes is less than the %zu of version 4's tile counters", bytes,
+                        (size_t)LT_COUNTER_BYTES);
+    if (d_ws && !mv_aligned(d_ws, 16)) return mv_error("linear_set_workspace: the workspace is not 16-byte aligned");
+    // The counters start at zero; each launch leaves them so.
+    if (d_ws && CUDA_TRY(cudaMemset(d_ws, 0, LT_COUNTER_BYTES))) return -1;
+    int rc = 0, done = 0;
+    pthread_mutex_lock(&lt_lock);
+    for (int i = 0; i < LT_MAX_HANDLES && !done; i++)
+        if (lt_workspaces[i].handle == handle) {
+            if (d_ws) lt_workspaces[i].ws = d_ws, lt_workspaces[i].bytes = bytes;
+            else lt_workspaces[i].handle = NULL, lt_workspaces[i].ws = NULL, lt_workspaces[i].bytes = 0;
+            done = 1;
+        }
+    for (int i = 0; i < LT_MAX_HANDLES && !done && d_ws; i++)
+        if (!lt_workspaces[i].handle) {
+            lt_workspaces[i].handle = handle, lt_workspaces[i].ws = d_ws, lt_workspaces[i].bytes = bytes;
+            done = 1;
+        }
+    if (!done && d_ws) rc = -1;
+    pthread_mutex_unlock(&lt_lock);
+    if (rc) return mv_error("linear_set_workspace: more than %d handles have a workspace", LT_MAX_HANDLES);
+    return 0;
+}
+
+extern "C" int linear_tile_applies(cublasHandle_t handle, const bf16_t *d_x, const bf16_t *d_W, int M, int N,
+                                   int K) {
+    void *ws = NULL;
+    size_t bytes = 0;
+    if (M < 1 || N < 1 || !linear_gemv_applies(d_x, d_W, 1, K)) return 0;
+    if (lt_splits(N, K) == 1) return 1;  // no workspace needed
+    const long long tiles = (long long)((N + LT_BN - 1) / LT_BN) * ((M + 16 * lt_pairs(M) - 1) / (16 * lt_pairs(M)));
+    return lt_lookup(handle, &ws, &bytes) && tiles <= LT_COUNTERS && linear_tile_workspace_bytes(M, N, K) <= bytes;
+}
+
+template <int NP>
+static cudaError_t launch_tile_pairs(dim3 grid, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+                                     const bf16_t *d_bias, float *ws, unsigned *counters, int M, int N, int K, int S,
+                                     int per, cudaStream_t stream) {
+    const size_t smem = (size_t)LT_STAGES * (LT_BN + 16 * NP) * LT_BK * 2;
+    // Past 48 KB of dynamic shared memory a kernel must opt in, once per device.
+    static unsigned char attr_set[64];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+        e = cudaFuncSetAttribute(linear_tile_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return e;
+        if (dev >= 0 && dev < 64) attr_set[dev] = 1;
+    }
+    return mv_launch(linear_tile_kernel<NP>, grid, dim3(LT_THREADS), smem, stream, (bf16 *)d_out, (const bf16 *)d_x,
+                     (const bf16 *)d_W, (const bf16 *)d_bias, ws, counters, M, N, K, S, per);
+}
+
+static int linear_tile(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+                       const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream) {
+    if (!d_out || !d_x || !d_W) return mv_error("linear_tile: null pointer");
+    if (gemv_check_operands("linear_tile", d_x, d_W, K)) return -1;
+    const int S = lt_splits(N, K), NP = lt_pairs(M), C = (K + LT_BK - 1) / LT_BK;
+    const int per = (C + S - 1) / S, BM = 16 * NP;
+    const dim3 grid((unsigned)((N + LT_BN - 1) / LT_BN), (unsigned)((M + BM - 1) / BM), (unsigned)S);
+    void *ws = NULL;
+    size_t bytes = 0;
+    if (S > 1) {
+        if (!lt_lookup(handle, &ws, &bytes))
+            return mv_error("linear_tile: N = %d, K = %d splits K over %d blocks, which needs a workspace, and this "
+                            "cuBLAS handle has none (linear_set_workspace)", N, K, S);
+        const size_t need = linear_tile_workspace_bytes(M, N, K);
+        if ((size_t)grid.x * grid.y > LT_COUNTERS || need > bytes)
+            return mv_error("linear_tile: M = %d, N = %d, K = %d needs %zu bytes of workspace (%u tiles); the handle's "
+                            "has %zu", M, N, K, need, grid.x * grid.y, bytes);
+    }
+    unsigned *counters = (unsigned *)ws;
+    float *partial = ws ? (float *)((char *)ws + LT_COUNTER_BYTES) : NULL;
+    static_assert(LT_MAX_BM == 64, "one instantiation per pair count");
+    const cudaError_t e =
+        (NP == 1 ? launch_tile_pairs<1>
+         : NP == 2 ? launch_tile_pairs<2>
+         : NP == 3 ? launch_tile_pairs<3>
+                   : launch_tile_pairs<4>)(grid, d_out, d_x, d_W, d_bias, partial, counters, M, N, K, S, per, stream);
+    if (CUDA_TRY(e)) return -1;
+    return CUDA_TRY(cudaGetLastError());
+}
+
+extern "C" int linear_tile_max_m_override(void) {
+    static int v = -3;
+    if (v == -3) {
+        const char *e = getenv("MV_LINEAR_TILE_MAX_M");
+        char *end = NULL;
+        const long n = e ? strtol(e, &end, 10) : -1;
+        v = !e ? -1 : (end == e || *end || n < 0 || n > LINEAR_TILE_MAX_AUTO_LIMIT) ? -2 : (int)n;
+    }
+    return v;
+}
+
+extern "C" int linear_tile_auto_max_m(void) {
+    const int over = linear_tile_max_m_override();
+    return over >= 0 ? over : LINEAR_TILE_AUTO_MAX_M;
+}
+
 // ---- the dispatch ------------------------------------------------------------------------
 
 extern "C" const char *linear_version_name(int version) {
@@ -638,10 +941,13 @@ extern "C" const char *linear_version_name(int version) {
     return version == LINEAR_AUTO ? "auto" : kernel_version_name(LINEAR_VERSION_TABLE, version);  // kernels/versions.h
 }
 
-extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K) {
+extern "C" int linear_auto_version(cublasHandle_t handle, const bf16_t *d_x, const bf16_t *d_W, int M, int N,
+                                   int K) {
     const int over = linear_gemv_max_m_override();
     const int max_m = over >= 0 ? over : LINEAR_GEMV_AUTO_MAX_M;
-    if (M > max_m) return LINEAR_CUBLAS;
+    if (M > max_m)
+        return M <= linear_tile_auto_max_m() && linear_tile_applies(handle, d_x, d_W, M, N, K) ? LINEAR_TILE
+                                                                                            : LINEAR_CUBLAS;
     const int v2 = linear_gemv_applies(d_x, d_W, M, K), v3 = linear_gemv_mma_applies(d_x, d_W, M, K);
     const int forced = linear_gemv_forced();
     // MV_LINEAR_GEMV=2 keeps version 2 wherever it applies (M <= 16), cuBLAS past it.
@@ -655,8 +961,8 @@ extern "C" int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, 
 // 16 tokens, version 3 past them).
 extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M, int N, int K,
                                     cudaStream_t stream) {
-    const int a = linear_auto_version(d_gate_up, d_W, M, N, K);
-    const int v = a == LINEAR_GEMV_MMA || (a == LINEAR_CUBLAS && M > LINEAR_GEMV_MAX_M) ? LINEAR_GEMV_MMA : LINEAR_GEMV;
+    const int a = linear_auto_version(NULL, d_gate_up, d_W, M, N, K);
+    const int v = a == LINEAR_GEMV || a == LINEAR_GEMV_MMA ? a : M > LINEAR_GEMV_MAX_M ? LINEAR_GEMV_MMA : LINEAR_GEMV;
     return linear_silu_mul_cuda_version(v, d_out, d_gate_up, d_W, M, N, K, stream);
 }
 
@@ -670,8 +976,9 @@ extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d
     if (version == LINEAR_AUTO) {
         // The caller must be ready for either version, so auto wants the handle too.
         if (!handle) return mv_error("linear_cuda: null cuBLAS handle");
-        version = linear_auto_version(d_x, d_W, M, N, K);
+        version = linear_auto_version(handle, d_x, d_W, M, N, K);
     }
+    if (version == LINEAR_TILE) return linear_tile(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);
     if (version == LINEAR_GEMV) return linear_gemv(d_out, d_x, d_W, d_bias, M, N, K, stream);
     if (version == LINEAR_GEMV_MMA) return linear_gemv_mma(d_out, d_x, d_W, d_bias, M, N, K, stream);
     return linear_cublas(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);

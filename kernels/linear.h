@@ -24,8 +24,20 @@
  *      A), fp32 sums in a fixed order (kernels/gemv_mma.cuh) that the
  *      decode megakernel can repeat from shared memory (MV_LINEAR_GEMV=3).
  *      The same refusals as version 2, with M > 32 in place of M > 16.
+ *   4  a tiled GEMM on the tensor cores for 9 to a few hundred tokens: 64
+ *      rows of W by up to 64 tokens a block, K in chunks of 64 through a
+ *      ring of shared memory (cp.async, ldmatrix, mma.sync.m16n8k16), the
+ *      weight's first chunks requested before the block waits for the
+ *      kernel ahead (PDL), which cuBLAS's kernels cannot do. Where 64-row
+ *      tiles are too few (N = 1,024) K is split over up to 16 blocks, whose
+ *      fp32 sums meet in a workspace registered for the cuBLAS handle
+ *      (linear_set_workspace). The same refusals as version 2 on K and the
+ *      pointers; any M. (The number 4 first named a TMA + wgmma GEMM, runs
+ *      93 to 96 of docs/perf-notes.md, whose code was not kept.)
  *   LINEAR_AUTO (0): a GEMV up to M = 8 (LINEAR_GEMV_AUTO_MAX_M), where
- *      the shape and pointers allow it, version 1 otherwise. Which GEMV:
+ *      the shape and pointers allow it; version 4 above that up to
+ *      LINEAR_TILE_AUTO_MAX_M tokens where the handle has a workspace (or
+ *      the shape needs none); version 1 otherwise. Which GEMV:
  *      version 2 at M = 1, version 3 from M = 2 (LINEAR_GEMV_MMA_AUTO_MIN_M);
  *      MV_LINEAR_GEMV=2 or 3 forces one of them wherever it applies, for
  *      comparisons (linear_gemv_forced).
@@ -54,7 +66,8 @@ extern "C" {
 #define LINEAR_CUBLAS 1  // version 1
 #define LINEAR_GEMV 2    // version 2
 #define LINEAR_GEMV_MMA 3  // version 3
-#define LINEAR_NUM_VERSIONS 3
+#define LINEAR_TILE 4      // version 4
+#define LINEAR_NUM_VERSIONS 4
 
 // The most tokens the GEMV takes: its per-token sums live in registers, one
 // set per M (a template instantiation each, M = 1..16).
@@ -82,14 +95,20 @@ extern "C" {
 // 16 rows runs as two halves of at most 8 (MV_DECODE_HALVES).
 #define LINEAR_GEMV_AUTO_MAX_M 8
 
-// "auto", "v1-cublas", "v2-gemv", "v3-gemv-mma"; NULL for an unknown version.
+// Where linear_cuda picks version 4: above the GEMV's limit, up to this many
+// tokens. 0: never (MV_LINEAR_TILE_MAX_M=N sets it, 0 to
+// LINEAR_TILE_MAX_AUTO_LIMIT, for measurements).
+#define LINEAR_TILE_AUTO_MAX_M 0
+#define LINEAR_TILE_MAX_AUTO_LIMIT 4096
+
+// "auto", "v1-cublas", "v2-gemv", "v3-gemv-mma", "v4-tile"; NULL for an unknown version.
 const char *linear_version_name(int version);
 
 int linear_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
                 const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream);
 
-// version: LINEAR_AUTO, LINEAR_CUBLAS or LINEAR_GEMV. The handle may be NULL
-// for LINEAR_GEMV.
+// version: LINEAR_AUTO or 1 to LINEAR_NUM_VERSIONS. The handle may be NULL
+// for the GEMVs, and for version 4 where the shape needs no workspace.
 int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x,
                         const bf16_t *d_W, const bf16_t *d_bias, int M, int N, int K,
                         cudaStream_t stream);
@@ -116,8 +135,30 @@ int linear_gemv_forced(void);
 int linear_gemv_max_m_override(void);
 
 // The version linear_cuda runs for these arguments: LINEAR_GEMV_MMA,
-// LINEAR_GEMV or LINEAR_CUBLAS.
-int linear_auto_version(const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
+// LINEAR_GEMV, LINEAR_TILE or LINEAR_CUBLAS. The handle (may be NULL) counts
+// only for version 4's workspace.
+int linear_auto_version(cublasHandle_t handle, const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
+
+// Version 4's workspace, per cuBLAS handle: linear_cuda_version(4) and
+// linear_cuda with that handle use d_ws (16-byte aligned, `bytes` long;
+// its first 64 KB are tile counters, zeroed here) whenever a shape splits K
+// over several blocks. Launches with that handle must stay in one stream
+// order (the engine: one handle per stream). NULL d_ws forgets the handle.
+// At most 16 handles. Returns 0, or -1 with mv_error().
+int linear_set_workspace(cublasHandle_t handle, void *d_ws, size_t bytes);
+// The bytes of workspace version 4 needs for M tokens of an [N, K] weight
+// (the counters alone where it does not split K).
+size_t linear_tile_workspace_bytes(int M, int N, int K);
+// 1 when version 4 takes these arguments now: K % 8 == 0, x and W 16-byte
+// aligned, and, where the shape splits K, a workspace for the handle large
+// enough for M tokens. Records no error.
+int linear_tile_applies(cublasHandle_t handle, const bf16_t *d_x, const bf16_t *d_W, int M, int N, int K);
+// MV_LINEAR_TILE_MAX_M: N (0 to LINEAR_TILE_MAX_AUTO_LIMIT), -1 unset, -2
+// anything else (read once; the engine refuses it at start-up).
+int linear_tile_max_m_override(void);
+// The most tokens linear_cuda gives version 4: the override, else
+// LINEAR_TILE_AUTO_MAX_M.
+int linear_tile_auto_max_m(void);
 
 // The MLP's down projection with SiluAndMul folded into the GEMV's input:
 // out [M, N] = SiluAndMul(gate_up [M, 2K]) @ W [N, K]^T, the same bits as

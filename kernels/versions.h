@@ -34,6 +34,7 @@ static const kernel_version_t LINEAR_VERSION_TABLE[] = {
     {1, "v1-cublas"},
     {2, "v2-gemv"},
     {3, "v3-gemv-mma"},
+    {4, "v4-tile"},
     {0, NULL},
 };
 

@@ -315,6 +315,10 @@ static tolerance_t tol_one_rounding(double ref_rms, int version) {
             ? "bf16 output: half an ulp, 2^-8 relative; the tensor cores' fp32 sums (MMA after MMA over "
               "slices of K, the slices added in order) differ from the CPU's order by ~sqrt(K) * 2^-24 * "
               "sum|x*w|, far below that"
+        : version == LINEAR_TILE
+            ? "bf16 output: half an ulp, 2^-8 relative; the tiled GEMM's fp32 sums (MMA after MMA over "
+              "its blocks' slices of K, the slices added in order) differ from the CPU's order by "
+              "~sqrt(K) * 2^-24 * sum|x*w|, far below that"
             : "bf16 output: half an ulp, 2^-8 relative; cuBLAS's fp32 accumulation order differs from "
               "the CPU's by ~sqrt(K) * 2^-24 * sum|x*w|, far below that"};
 }
@@ -401,11 +405,14 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
         free(w); free(bias); free(xl);
     }
     // Every rank has the same M, N, K and alignment, so rank 0 speaks for all.
-    const int auto_version = linear_auto_version(rb[0].d_x, rb[0].d_w, M, rb[0].l.out_local, rb[0].l.in_local);
-    int gemv_applies = 1, mma_applies = 1;
+    const int auto_version =
+        linear_auto_version(g->cublas[0], rb[0].d_x, rb[0].d_w, M, rb[0].l.out_local, rb[0].l.in_local);
+    int gemv_applies = 1, mma_applies = 1, tile_applies = 1;
     for (int r = 0; r < tp; r++) {
         gemv_applies &= linear_gemv_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
         mma_applies &= linear_gemv_mma_applies(rb[r].d_x, rb[r].d_w, M, rb[r].l.in_local);
+        tile_applies &= linear_tile_applies(g->cublas[r], rb[r].d_x, rb[r].d_w, M, rb[r].l.out_local,
+                                            rb[r].l.in_local);
     }
 
     int N = lw->full.out_features;
@@ -413,12 +420,13 @@ static void run_and_check(harness_t *h, tp_group_t *g, const layer_spec_t *s, co
     for (int i = 0; i < n_rows; i++)
         for (int n = 0; n < N; n++) ss += (double)ref[(size_t)i * N + n] * ref[(size_t)i * N + n];
     double rms = sqrt(ss / ((double)n_rows * N));
-    const int versions[4] = {LINEAR_AUTO, LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA};
-    for (int vi = 0; vi < 4; vi++) {
+    const int versions[5] = {LINEAR_AUTO, LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA, LINEAR_TILE};
+    for (int vi = 0; vi < 5; vi++) {
         const int v = versions[vi];
         if (v == LINEAR_CUBLAS && auto_version == LINEAR_CUBLAS) continue;  // the auto run was cuBLAS
         if (v == LINEAR_GEMV && !gemv_applies) continue;
         if (v == LINEAR_GEMV_MMA && !mma_applies) continue;
+        if (v == LINEAR_TILE && !tile_applies) continue;
         if (!harness_kernel_wanted(h, v == LINEAR_AUTO ? auto_version : v)) continue;  // --kernel N: what ran is N
         for (int r = 0; r < tp; r++) {
             MV_CHECK(tp_set_rank(g, r));
@@ -541,6 +549,12 @@ static const small_m_case_t SMALL_M_CASES[] = {
     {32, 1024, 3072, 0, 0, 0, "version 3's largest M: down_proj at 32 rows"},
     {20, 65, 1024, 0, 1, 0, "x one element off 16 bytes, past 16 tokens"},
     {33, 64, 256, 0, 0, 0, "M past version 3's 32"},
+    // Version 4, the tiled GEMM, takes any M: token tiles of 16 to 64, K split
+    // over blocks where 64-row tiles are few.
+    {100, 1024, 3072, 1, 0, 0, "two token tiles, K split over 8 blocks, bias"},
+    {130, 8200, 136, 0, 0, 0, "three token tiles, 129 row tiles (no split), a short chunk"},
+    {77, 96, 4104, 1, 0, 0, "two row tiles, the second short: K split 13 ways"},
+    {40, 4096, 1024, 0, 0, 0, "qkv_proj at 40 rows: a tile of 48 tokens, K split in 2"},
 };
 
 // Elements after y, poisoned: a store past the end shows there.
@@ -558,9 +572,11 @@ static int any_poison(const bf16_t *y, size_t n) {
     return 0;
 }
 
-// What a GEMV's refusal (version v) must name: the value that is wrong.
+// What a refusal by version v (2, 3 or 4) must name: the value that is wrong
+// (version 4 takes any M).
 static void expected_refusal(const small_m_case_t *c, int v, char *buf, size_t n) {
-    if (c->M > (v == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M)) snprintf(buf, n, "M = %d", c->M);
+    if (v != LINEAR_TILE && c->M > (v == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M))
+        snprintf(buf, n, "M = %d", c->M);
     else if (c->K % 8) snprintf(buf, n, "K = %d", c->K);
     else if (c->w_off) snprintf(buf, n, "W (");
     else snprintf(buf, n, "x (");
@@ -593,13 +609,15 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     snprintf(shape, sizeof shape, "M=%d N=%d K=%d%s%s%s: %s", M, N, K, c->bias ? " +bias" : "",
              c->x_off ? " x+1" : "", c->w_off ? " W+1" : "", c->why);
     const int applies = linear_gemv_applies(d_x, d_w, M, K), applies3 = linear_gemv_mma_applies(d_x, d_w, M, K);
-    const int auto_version = linear_auto_version(d_x, d_w, M, N, K);
+    const int applies4 = linear_tile_applies(handle, d_x, d_w, M, N, K);
+    const int auto_version = linear_auto_version(handle, d_x, d_w, M, N, K);
     const int over = linear_gemv_max_m_override();
     const int max_m = over >= 0 ? over : LINEAR_GEMV_AUTO_MAX_M;
     const int forced = linear_gemv_forced();
     // A GEMV up to max_m where one takes the shape: version 3 from its
-    // threshold (or forced), version 2 below it or forced, cuBLAS otherwise.
-    const int want_auto = M > max_m ? LINEAR_CUBLAS
+    // threshold (or forced), version 2 below it or forced; past max_m
+    // version 4 up to its own limit where it takes the shape; cuBLAS otherwise.
+    const int want_auto = M > max_m ? (M <= linear_tile_auto_max_m() && applies4 ? LINEAR_TILE : LINEAR_CUBLAS)
                           : forced == LINEAR_GEMV ? (applies ? LINEAR_GEMV : LINEAR_CUBLAS)
                           : applies3 && (forced == LINEAR_GEMV_MMA || M >= LINEAR_GEMV_MMA_AUTO_MIN_M) ? LINEAR_GEMV_MMA
                           : applies ? LINEAR_GEMV
@@ -608,8 +626,8 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
     snprintf(detail, sizeof detail, "%s: picks %s", shape, linear_version_name(auto_version));
     harness_check_bool(h, "gpu", "small-m", "linear_cuda's choice", auto_version == want_auto, detail);
 
-    const int versions[4] = {LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA, LINEAR_AUTO};
-    for (int vi = 0; vi < 4; vi++) {
+    const int versions[5] = {LINEAR_CUBLAS, LINEAR_GEMV, LINEAR_GEMV_MMA, LINEAR_TILE, LINEAR_AUTO};
+    for (int vi = 0; vi < 5; vi++) {
         const int v = versions[vi];
         const int ran = v == LINEAR_AUTO ? auto_version : v;
         if (!harness_kernel_wanted(h, ran)) continue;  // --kernel N: what runs is version N
@@ -618,7 +636,7 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
         gpu_poison(d_y, (ny + Y_GUARD) * sizeof(bf16_t));
         CUDA_CHECK(cudaDeviceSynchronize());
         int rc = linear_cuda_version(v, handle, d_y, d_x, d_w, c->bias ? d_b : NULL, M, N, K, 0);
-        if ((v == LINEAR_GEMV && !applies) || (v == LINEAR_GEMV_MMA && !applies3)) {
+        if ((v == LINEAR_GEMV && !applies) || (v == LINEAR_GEMV_MMA && !applies3) || (v == LINEAR_TILE && !applies4)) {
             // Refused, with an error that names the wrong value; nothing launched.
             char named[64], what[64];
             expected_refusal(c, v, named, sizeof named);
@@ -649,10 +667,13 @@ static void check_small_m(harness_t *h, cublasHandle_t handle, rng_t *rng, const
 // the same tokens run as a batch of 1 and of 3, two later tokens (for
 // version 3 in its third and fourth groups of 8) the same token run alone,
 // and a layer's first columns the same weight rows run as a narrower layer
-// (whose blocks hold fewer rows). M is the version's largest.
+// (whose blocks hold fewer rows). M is the version's largest. Version 4's
+// sums do not depend on M either (M = 100: two token tiles, the second
+// short; the later tokens in it), but do on N, which sets how many blocks
+// split K: its N check is left out.
 static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rng, int version) {
-    const int M = version == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M, N = 2049, K = 3072,
-              N_narrow = 130;
+    const int M = version == LINEAR_TILE ? 100 : version == LINEAR_GEMV_MMA ? LINEAR_GEMV_MMA_MAX_M : LINEAR_GEMV_MAX_M,
+              N = 2049, K = 3072, N_narrow = 130;
     const int later[2] = {M / 2 + 1, M - 1};
     bf16_t *x = malloc((size_t)M * K * sizeof(bf16_t)), *w = malloc((size_t)N * K * sizeof(bf16_t));
     bf16_t *b = malloc(N * sizeof(bf16_t)), *yM = malloc((size_t)M * N * sizeof(bf16_t));
@@ -703,7 +724,7 @@ static void check_gemv_invariance(harness_t *h, cublasHandle_t handle, rng_t *rn
     snprintf(detail, sizeof detail, "M=%d K=%d +bias: columns 0..%d at N = %d and %d %s", M, K, N_narrow - 1, N_narrow, N,
              same_n ? "identical" : "DIFFER");
     snprintf(label, sizeof label, "%s same bits at any N", linear_version_name(version));
-    harness_check_bool(h, "gpu", "small-m", label, same_n, detail);
+    if (version != LINEAR_TILE) harness_check_bool(h, "gpu", "small-m", label, same_n, detail);
     gpu_free(d_x); gpu_free(d_w); gpu_free(d_b); gpu_free(d_yM); gpu_free(d_y1); gpu_free(d_y3); gpu_free(d_yn);
     free(x); free(w); free(b); free(yM); free(y1); free(y3); free(yn);
 }
@@ -804,6 +825,75 @@ static void check_silu_gemv_refusals(harness_t *h) {
     gpu_free(d_a); gpu_free(d_b);
 }
 
+// Version 4 under programmatic dependent launch: silu_and_mul_cuda writes
+// the activations and version 4 reads them, launched back to back with PDL
+// on, over poisoned activations; a tile that read x before its wait (it
+// issues W's loads before it) would see the poison. Then the same two with
+// PDL off: the same bits, and both against the CPU.
+static void check_tile_pdl(harness_t *h, cublasHandle_t handle, rng_t *rng, int M, int N, int K, const char *why) {
+    const size_t ngu = (size_t)M * 2 * K, na = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    bf16_t *gu = malloc(ngu * sizeof(bf16_t)), *w = malloc(nw * sizeof(bf16_t)), *act = malloc(na * sizeof(bf16_t));
+    bf16_t *y_pdl = malloc(ny * sizeof(bf16_t)), *y_plain = malloc(ny * sizeof(bf16_t));
+    float *actf = malloc(na * sizeof(float)), *ref = malloc(ny * sizeof(float));
+    if (!gu || !w || !act || !y_pdl || !y_plain || !actf || !ref)
+        mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+    fill_normal_bf16(rng, gu, ngu, 0, 2);
+    fill_uniform_bf16(rng, w, nw, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
+    bf16_t *d_gu = gpu_alloc(ngu * sizeof(bf16_t)), *d_w = gpu_alloc(nw * sizeof(bf16_t));
+    bf16_t *d_act = gpu_alloc(na * sizeof(bf16_t)), *d_y = gpu_alloc(ny * sizeof(bf16_t));
+    gpu_upload(d_gu, gu, ngu * sizeof(bf16_t));
+    gpu_upload(d_w, w, nw * sizeof(bf16_t));
+    char shape[160], detail[320];
+    snprintf(shape, sizeof shape, "M=%d N=%d K=%d: %s", M, N, K, why);
+    int rc = 0;
+    for (int pdl = 1; pdl >= 0 && !rc; pdl--) {
+        gpu_poison(d_act, na * sizeof(bf16_t));
+        gpu_poison(d_y, ny * sizeof(bf16_t));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        if (pdl) MV_CHECK(mv_pdl_set(1));
+        rc = silu_and_mul_cuda(SILU_AND_MUL_FAST, d_act, d_gu, M, K, 0) ||
+             linear_cuda_version(LINEAR_TILE, handle, d_y, d_act, d_w, NULL, M, N, K, 0);
+        if (pdl) MV_CHECK(mv_pdl_set(0));
+        if (!rc) {
+            CUDA_CHECK(cudaDeviceSynchronize());
+            gpu_download(pdl ? y_pdl : y_plain, d_y, ny * sizeof(bf16_t));
+        }
+    }
+    if (rc) {
+        snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
+        harness_check_bool(h, "gpu", "tile-pdl", "v4-tile after silu_and_mul", 0, detail);
+    } else {
+        gpu_download(act, d_act, na * sizeof(bf16_t));
+        bf16_to_float_array(actf, act, na);
+        MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
+        double ss = 0;
+        for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
+        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), LINEAR_TILE);
+        harness_check(h, "gpu", "tile-pdl", "v4-tile after silu_and_mul, PDL", shape,
+                      compare_bf16("v4-tile PDL", y_pdl, ref, ny, tol, 0), tol);
+        const int same = !any_poison(y_pdl, ny) && !memcmp(y_pdl, y_plain, ny * sizeof(bf16_t));
+        snprintf(detail, sizeof detail, "%s: with PDL against without: %s", shape, same ? "identical" : "DIFFER");
+        harness_check_bool(h, "gpu", "tile-pdl", "PDL on = off, bit for bit", same, detail);
+    }
+    gpu_free(d_gu); gpu_free(d_w); gpu_free(d_act); gpu_free(d_y);
+    free(gu); free(w); free(act); free(y_pdl); free(y_plain); free(actf); free(ref);
+}
+
+// Version 4's workspace (linear_set_workspace) for a handle of this chapter,
+// on the current device: enough for every Qwen3-0.6B projection up to 256
+// tokens (gate_up_proj at 256: 2 x 256 x 6144 fp32, 12.6 MB). Larger M
+// with a split K is not version 4's to take here (linear_tile_applies).
+#define TILE_WS_BYTES (32u << 20)
+static void *tile_workspace(cublasHandle_t handle) {
+    void *ws = gpu_alloc(TILE_WS_BYTES);
+    MV_CHECK(linear_set_workspace(handle, ws, TILE_WS_BYTES));
+    return ws;
+}
+static void tile_workspace_free(cublasHandle_t handle, void *ws) {
+    MV_CHECK(linear_set_workspace(handle, NULL, 0));
+    gpu_free(ws);
+}
+
 typedef struct {
     cublasHandle_t handle;
     int version;
@@ -891,16 +981,18 @@ static int time_per_launch(const gemm_ctx_t *c0, size_t nw, timing_opts_t opts, 
     return rc;
 }
 
-// A whole layer (tp = 1) at M = 1..64, every version (v2 up to its 16, v3 up to its 32).
+// A whole layer (tp = 1) at M = 1..256, every version (v2 up to its 16, v3
+// up to its 32, v4 from 8).
 // cuBLAS gets a handle of its own here, destroyed after the graphs that
 // captured it: whatever it allocated during a capture stays out of the
 // other timings.
 static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
     cublasHandle_t handle;
     CUBLAS_CHECK(cublasCreate(&handle));
+    void *ws = tile_workspace(handle);
     tp_linear_t l;
     MV_CHECK(make_layer(s, 1, 0, &l));
-    const int N = l.out_local, K = l.in_local, max_M = 64;
+    const int N = l.out_local, K = l.in_local, max_M = 256;
     const size_t nw = (size_t)N * K;
     bf16_t *hbuf = malloc((nw > (size_t)max_M * K ? nw : (size_t)max_M * K) * sizeof(bf16_t));
     if (!hbuf) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
@@ -918,12 +1010,13 @@ static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
     free(hbuf);
 
     timing_opts_t opts = {3, h->quick ? 10 : 30, 1};
-    const int Ms[] = {1, 2, 4, 8, 16, 32, 64};
+    const int Ms[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
     for (size_t i = 0; i < sizeof Ms / sizeof Ms[0]; i++) {
         c.M = Ms[i];
-        for (int v = LINEAR_CUBLAS; v <= LINEAR_GEMV_MMA; v++) {
+        for (int v = LINEAR_CUBLAS; v <= LINEAR_TILE; v++) {
             if (v == LINEAR_GEMV && !linear_gemv_applies(c.d_x, c.d_w, c.M, K)) continue;
             if (v == LINEAR_GEMV_MMA && !linear_gemv_mma_applies(c.d_x, c.d_w, c.M, K)) continue;
+            if (v == LINEAR_TILE && (c.M < 8 || !linear_tile_applies(handle, c.d_x, c.d_w, c.M, N, K))) continue;
             if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
             c.version = v;
             char label[64], shape[64];
@@ -942,6 +1035,7 @@ static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
         }
     }
     gpu_free(c.d_w); gpu_free(c.d_x); gpu_free(c.d_y);
+    tile_workspace_free(handle, ws);
     CUBLAS_CHECK(cublasDestroy(handle));
 }
 
@@ -996,6 +1090,12 @@ int main(int argc, char **argv) {
                         "to that many on every projection)\n", getenv("MV_LINEAR_GEMV_MAX_M"), LINEAR_GEMV_MMA_MAX_M);
         return 2;
     }
+    if (linear_tile_max_m_override() == -2) {
+        fprintf(stderr, "03-linear-tp: MV_LINEAR_TILE_MAX_M=%s: it takes a number of tokens from 0 to %d (version 4 "
+                        "up to that many, past the GEMV's)\n", getenv("MV_LINEAR_TILE_MAX_M"),
+                LINEAR_TILE_MAX_AUTO_LIMIT);
+        return 2;
+    }
 #endif
     // linear_cuda's automatic choice (LINEAR_AUTO) is checked as the version it picks.
     static const harness_kernel_t kernels[] = {{"linear", LINEAR_VERSION_TABLE}, {NULL, NULL}};
@@ -1021,6 +1121,12 @@ int main(int argc, char **argv) {
     if (h.use_gpu) {
         tp_check_groups_t groups;
         MV_CHECK(tp_check_groups_init(&groups, h.gpu.device_count));
+        void *group_ws[2][TP_GROUP_MAX] = {{NULL}};
+        for (int gi = 0; gi < groups.n; gi++)
+            for (int r = 0; r < groups.group[gi].size; r++) {
+                MV_CHECK(tp_set_rank(&groups.group[gi], r));
+                group_ws[gi][r] = tile_workspace(groups.group[gi].cublas[r]);
+            }
         harness_section(&h, groups.real ? "GPU: tp = number of GPUs over NCCL, every rank against the CPU"
                                         : "GPU: tp = 1, and tp = 2 with both shards on this GPU");
         int check_M[] = {1, 7, 64, 256};
@@ -1029,14 +1135,23 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < 3; i++)
             for (int k = 0; k < 4; k += 3) check_layer(&h, &rng, &OTHER_LAYERS[i], check_M[k], &groups);
 
-        harness_section(&h, "GPU: the small-M GEMVs (v2, v3) on odd shapes, their refusals, and linear_cuda's choice");
+        harness_section(&h, "GPU: the small-M versions (v2, v3, v4) on odd shapes, their refusals, and linear_cuda's "
+                            "choice");
         cublasHandle_t handle;
         CUBLAS_CHECK(cublasCreate(&handle));
+        void *ws = tile_workspace(handle);
         for (size_t i = 0; i < sizeof SMALL_M_CASES / sizeof SMALL_M_CASES[0]; i++)
             check_small_m(&h, handle, &rng, &SMALL_M_CASES[i]);
         // The GEMVs' own properties and their fused forms, version by version.
-        for (int v = LINEAR_GEMV; v <= LINEAR_GEMV_MMA; v++)
+        for (int v = LINEAR_GEMV; v <= LINEAR_TILE; v++)
             if (harness_kernel_wanted(&h, v)) check_gemv_invariance(&h, handle, &rng, v);
+        if (harness_kernel_wanted(&h, LINEAR_TILE) && mv_pdl_supported()) {
+            harness_section(&h, "GPU: version 4 reading what the kernel ahead wrote, with programmatic dependent "
+                                "launch");
+            check_tile_pdl(&h, handle, &rng, 24, 1024, 3072, "down_proj at 24 rows: K split over 8 blocks");
+            check_tile_pdl(&h, handle, &rng, 100, 4096, 1024, "qkv_proj's shape at 100 rows: two token tiles");
+            check_tile_pdl(&h, handle, &rng, 64, 8192, 512, "128 row tiles: no split, one store a sum");
+        }
         if (harness_kernel_wanted(&h, LINEAR_GEMV) || harness_kernel_wanted(&h, LINEAR_GEMV_MMA)) {
             harness_section(&h, "GPU: the down projection with SiluAndMul folded into the GEMV, with and without "
                                 "programmatic dependent launch");
@@ -1076,11 +1191,17 @@ int main(int argc, char **argv) {
                 for (int k = 0; k < 6; k++) time_all_reduce(&h, &groups.group[0], time_M[k], 1024);
             }
 
-            harness_section(&h, "Small M on GPU 0: cuBLAS (v1) against the GEMVs (v2, v3), 16 launches back to "
-                                "back in a CUDA graph, time per launch");
+            harness_section(&h, "Small M on GPU 0: cuBLAS (v1) against the GEMVs (v2, v3) and the tiled GEMM (v4), "
+                                "16 launches back to back in a CUDA graph, time per launch");
             for (size_t i = 0; i < 4; i++) time_small_m(&h, &rng, &QWEN3_LAYERS[i]);
         }
+        tile_workspace_free(handle, ws);
         CUBLAS_CHECK(cublasDestroy(handle));
+        for (int gi = 0; gi < groups.n; gi++)
+            for (int r = 0; r < groups.group[gi].size; r++) {
+                MV_CHECK(tp_set_rank(&groups.group[gi], r));
+                tile_workspace_free(groups.group[gi].cublas[r], group_ws[gi][r]);
+            }
         tp_check_groups_destroy(&groups);
     }
 #endif

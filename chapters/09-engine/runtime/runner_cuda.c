@@ -193,6 +193,10 @@ typedef struct {
     cudaStream_t stream;
     cublasHandle_t cublas;
     void *d_cublas_ws;                // [CUBLAS_WORKSPACE_BYTES]
+    // Linear version 4's workspace for each handle (linear_set_workspace):
+    // tile_ws_bytes each, 0 (and NULL) where linear_cuda never picks it.
+    void *d_tile_ws, *d_tile_ws2;
+    size_t tile_ws_bytes;
     qwen3_layout_t layout;            // this rank's shapes and pieces (one GPU: tp_size 1, the whole model)
     int device;                       // the CUDA device this rank runs on (0 at tp 1)
     bf16_t *d_embed;                  // [V, H]  (tp > 1: [V', H], this rank's vocabulary rows)
@@ -572,13 +576,13 @@ static void cuda_destroy(model_runner_t *r) {
                        s->d_act,      s->d_last,   s->d_logits_bf16, s->d_logits, s->d_attn_ws, s->d_step_mem,
                        s->d_cublas_ws, s->d_logits_local, s->d_logits_gathered, s->d_opt_ids, s->d_counts,
                        s->d_raw,       s->d_sample_ws, s->d_mk_layers, s->d_residual2, s->d_mk_barrier, s->d_mk_timeline,
-                       s->d_cublas_ws2, s->d_attn_ws2};
+                       s->d_cublas_ws2, s->d_attn_ws2, s->d_tile_ws, s->d_tile_ws2};
     for (size_t k = 0; k < sizeof scratch / sizeof *scratch; k++) cudaFree(scratch[k]);
     for (int k = 0; k < 2; k++)
         if (s->h_stages[k]) cudaFreeHost(s->h_stages[k]);
     if (s->h_opt_ids) cudaFreeHost(s->h_opt_ids);
-    if (s->cublas) cublasDestroy(s->cublas);
-    if (s->cublas2) cublasDestroy(s->cublas2);
+    if (s->cublas) linear_set_workspace(s->cublas, NULL, 0), cublasDestroy(s->cublas);
+    if (s->cublas2) linear_set_workspace(s->cublas2, NULL, 0), cublasDestroy(s->cublas2);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->stream2) cudaStreamDestroy(s->stream2);
     free(s);
@@ -753,6 +757,10 @@ static int check_switches(void) {
         return mv_error("MV_LINEAR_GEMV_MAX_M=%s: it takes a number of tokens from 0 to %d (a GEMV up to that many "
                         "on every projection)",
                         getenv("MV_LINEAR_GEMV_MAX_M"), LINEAR_GEMV_MMA_MAX_M);
+    if (linear_tile_max_m_override() == -2)
+        return mv_error("MV_LINEAR_TILE_MAX_M=%s: it takes a number of tokens from 0 to %d (linear version 4 up to "
+                        "that many, past the GEMV's)",
+                        getenv("MV_LINEAR_TILE_MAX_M"), LINEAR_TILE_MAX_AUTO_LIMIT);
     int gate[4], gated;
     char why[160];
     if (!decode_megakernel_gates(getenv("MV_MEGAKERNEL_GATES"), gate, &gated, why, sizeof why))
@@ -765,6 +773,25 @@ static int check_switches(void) {
 // MV_DECODE_HALVES=LO or LO-HI: decode steps (their graph's size) of LO
 // rows or more, and at most HI, run as two halves at once; 0 turns it off.
 // Unset: DECODE_HALVES_MIN to DECODE_HALVES_MAX.
+// Linear version 4's workspace for one handle: enough for this rank's four
+// projections at the most tokens linear_cuda gives version 4
+// (linear_tile_auto_max_m, at most max_num_batched_tokens); 0 where it
+// gives it none. The LM head never splits K (its 64-row tiles are
+// thousands), so it needs only the counters, which every size includes.
+static size_t tile_workspace_bytes(const model_runner_t *r, const cuda_state_t *s, const runner_config_t *rc) {
+    int M = linear_tile_auto_max_m();
+    if (M > rc->max_num_batched_tokens) M = rc->max_num_batched_tokens;
+    if (M <= 0) return 0;
+    const int H = r->cfg.hidden_size, hd = r->cfg.head_dim, qn = r->cfg.num_attention_heads / s->layout.tp_size * hd;
+    const int shapes[4][2] = {{s->layout.qkv.rows, H}, {H, qn}, {s->layout.gate_up.rows, H}, {H, s->layout.down.in_local}};
+    size_t most = 0;
+    for (int i = 0; i < 4; i++) {
+        const size_t b = linear_tile_workspace_bytes(M, shapes[i][0], shapes[i][1]);
+        if (b > most) most = b;
+    }
+    return most;
+}
+
 static int decode_halves_band(int *lo, int *hi) {
     const char *v = getenv("MV_DECODE_HALVES");
     *lo = DECODE_HALVES_MIN, *hi = DECODE_HALVES_MAX;
@@ -802,6 +829,9 @@ static int decode_halves_prepare(model_runner_t *r, cuda_state_t *s, int Sm, int
         return mv_error("cublasCreate (the second half's handle): %s", cublasGetStatusName(st));
     }
     if (dev_alloc(&s->d_cublas_ws2, CUBLAS_WORKSPACE_BYTES, sb, "the second half's cuBLAS workspace") ||
+        (s->tile_ws_bytes &&
+         (dev_alloc(&s->d_tile_ws2, s->tile_ws_bytes, sb, "the second half's linear version 4 workspace") ||
+          linear_set_workspace(s->cublas2, s->d_tile_ws2, s->tile_ws_bytes))) ||
         dev_alloc(&s->d_attn_ws2, s->attn_ws2_bytes, sb, "the second half's split-decode workspace"))
         return -1;
     st = cublasSetStream(s->cublas2, s->stream2);
@@ -860,7 +890,8 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     if (model_runner_memory_estimate(c, rc, &est) || CUDA_TRY(cudaMemGetInfo(&free_b, &total_b))) return -1;
     const size_t one_seq = (size_t)((rc->max_model_len + rc->block_size - 1) / rc->block_size) *
                            rank_block_bytes(r, &s->layout);
-    const size_t need = est.weight_bytes + est.scratch_bytes + est.rope_bytes + CUBLAS_WORKSPACE_BYTES +
+    s->tile_ws_bytes = tile_workspace_bytes(r, s, rc);
+    const size_t need = est.weight_bytes + est.scratch_bytes + est.rope_bytes + CUBLAS_WORKSPACE_BYTES + s->tile_ws_bytes +
                         (rc->num_blocks ? est.kv_cache_bytes : one_seq);
     if (need > free_b)
         return mv_error("the model needs at least %zu bytes of GPU memory (weights %zu, scratch %zu, KV cache %zu%s); "
@@ -876,6 +907,9 @@ static int cuda_create_placed(model_runner_t *r, const st_model_t *m) {
     st = cublasSetStream(s->cublas, s->stream);
     if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetWorkspace(s->cublas, s->d_cublas_ws, CUBLAS_WORKSPACE_BYTES);
     if (st != CUBLAS_STATUS_SUCCESS) return mv_error("cublasSetStream/cublasSetWorkspace: %s", cublasGetStatusName(st));
+    if (s->tile_ws_bytes && (dev_alloc(&s->d_tile_ws, s->tile_ws_bytes, sb, "linear version 4's workspace") ||
+                             linear_set_workspace(s->cublas, s->d_tile_ws, s->tile_ws_bytes)))
+        return -1;
 
     // Weights.
     qwen3_weights_t w;
@@ -1226,7 +1260,8 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     // The graphs' decode steps fold SiluAndMul into the down projection's
     // GEMV where linear_cuda would run the GEMV anyway: one launch and one
     // [T, I] round trip less, the same bits.
-    if (s->fast_decode && T == S && linear_auto_version(act, cl->d_down, T, H, I) != LINEAR_CUBLAS) {
+    const int down_v = linear_auto_version(cb, act, cl->d_down, T, H, I);
+    if (s->fast_decode && T == S && (down_v == LINEAR_GEMV || down_v == LINEAR_GEMV_MMA)) {
         if (linear_silu_mul_cuda(x, gate_up, cl->d_down, T, H, I, st)) return -1;
     } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, st) ||
                linear_cuda(cb, x, act, cl->d_down, NULL, T, H, I, st)) {
