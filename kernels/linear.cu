@@ -708,6 +708,21 @@ __device__ __forceinline__ void lt_load_chunk(uint32_t dst, const bf16 *__restri
     }
 }
 
+// Split s's sums of quad q of a tile (token m0 + 4q / 64, rows n0 + 4q % 64
+// .. + 3), from L2 (.cg: other SMs wrote them); zeros past M or N.
+__device__ __forceinline__ float4 lt_load_quad(const float *ws, int s, int M, int N, int m0, int n0, int q) {
+    const int m = m0 + 4 * q / LT_BN, n = n0 + 4 * q % LT_BN;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (m >= M) return v;
+    const float *p = ws + ((long long)s * M + m) * N + n;
+    if (N % 4 == 0 && n + 3 < N) return __ldcg(reinterpret_cast<const float4 *>(p));
+    if (n < N) v.x = __ldcg(p);
+    if (n + 1 < N) v.y = __ldcg(p + 1);
+    if (n + 2 < N) v.z = __ldcg(p + 2);
+    if (n + 3 < N) v.w = __ldcg(p + 3);
+    return v;
+}
+
 template <int NP>
 __global__ void __launch_bounds__(LT_THREADS)
 linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
@@ -793,14 +808,30 @@ linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf1
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other blocks' sums, seen after their counts
-    // Tile [BM tokens x 64 rows]: neighbouring threads take neighbouring rows (coalesced).
-    for (int o = threadIdx.x; o < BM * LT_BN; o += LT_THREADS) {
-        const int n = n0 + o % LT_BN, m = m0 + o / LT_BN;
-        if (n >= N || m >= M) continue;
-        float sum = __ldcg(ws + (long long)m * N + n);
-        for (int s = 1; s < S; s++) sum += __ldcg(ws + ((long long)s * M + m) * N + n);
-        if (bias) sum += __bfloat162float(bias[n]);
-        out[(long long)m * N + n] = __float2bfloat16(sum);
+    // The tile's BM x 64 sums: thread i takes 4 neighbouring rows of W of
+    // one token in each of 2 NP steps (16 threads cover a token's 64 rows:
+    // coalesced), and reads all 2 NP quads of a slice before it adds any, so
+    // that the slices' trips to L2 overlap instead of following one another.
+    constexpr int QUADS = BM * LT_BN / 4 / LT_THREADS;
+    float4 acc[QUADS];
+#pragma unroll
+    for (int i = 0; i < QUADS; i++) acc[i] = lt_load_quad(ws, 0, M, N, m0, n0, threadIdx.x + i * LT_THREADS);
+#pragma unroll 1
+    for (int s = 1; s < S; s++) {
+        float4 v[QUADS];
+#pragma unroll
+        for (int i = 0; i < QUADS; i++) v[i] = lt_load_quad(ws, s, M, N, m0, n0, threadIdx.x + i * LT_THREADS);
+#pragma unroll
+        for (int i = 0; i < QUADS; i++) acc[i].x += v[i].x, acc[i].y += v[i].y, acc[i].z += v[i].z, acc[i].w += v[i].w;
+    }
+#pragma unroll
+    for (int i = 0; i < QUADS; i++) {
+        const int q = threadIdx.x + i * LT_THREADS, m = m0 + 4 * q / LT_BN, n = n0 + 4 * q % LT_BN;
+        const float a[4] = {acc[i].x, acc[i].y, acc[i].z, acc[i].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (m < M && n + e < N)
+                out[(long long)m * N + n + e] = __float2bfloat16(a[e] + (bias ? __bfloat162float(bias[n + e]) : 0.0f));
     }
     if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (stream order)
 }
