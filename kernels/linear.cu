@@ -697,14 +697,42 @@ static int lt_splits(int N, int K) {
 // Token tiles of BM = 16 * min(4, ceil(M / 16)) tokens.
 static int lt_pairs(int M) { return M >= LT_MAX_BM ? LT_MAX_BM / 16 : (M + 15) / 16; }
 
-// One chunk of `rows` rows (row0 on) of a [*, K] matrix into a swizzled
-// stage at dst: rows x 8 pieces of 16 bytes, zeros past row_end or K.
+// One chunk of `rows` rows (row0 on) of a [*, K] matrix (rows ld apart)
+// into a swizzled stage at dst: rows x 8 pieces of 16 bytes, zeros past
+// row_end or K.
 __device__ __forceinline__ void lt_load_chunk(uint32_t dst, const bf16 *__restrict__ src, int rows, int row0,
-                                              int row_end, int K, int k0) {
+                                              int row_end, int K, long long ld, int k0) {
     for (int p = threadIdx.x; p < rows * 8; p += LT_THREADS) {
         const int r = p / 8, c = p % 8, row = row0 + r, k = k0 + 8 * c;
         const bool ok = row < row_end && k < K;
-        cp_async16(dst + swz<8>(r, c), ok ? src + (long long)row * K + k : src, ok ? 16 : 0);
+        cp_async16(dst + swz<8>(r, c), ok ? src + row * ld + k : src, ok ? 16 : 0);
+    }
+}
+
+// x's chunk for the MMAs: a chunk of x itself, or (SILU) SiluAndMul of the
+// gate and up chunks of gate_up [M, 2K] (gate's in the x slot, up's after
+// it), converted in place once both have landed, to the bits
+// silu_and_mul_cuda(SILU_AND_MUL_FAST) stores (silu_mul_pack8).
+template <bool SILU>
+__device__ __forceinline__ void lt_load_x(uint32_t sx, const bf16 *__restrict__ x, int BM, int m0, int M, int K,
+                                          int k0) {
+    if (SILU) {
+        lt_load_chunk(sx, x, BM, m0, M, K, 2LL * K, k0);
+        lt_load_chunk(sx + BM * LT_BK * 2, x + K, BM, m0, M, K, 2LL * K, k0);
+    } else {
+        lt_load_chunk(sx, x, BM, m0, M, K, K, k0);
+    }
+}
+
+__device__ __forceinline__ void lt_silu_mul_in_place(unsigned char *sx, int BM) {
+    for (int p = threadIdx.x; p < BM * 8; p += LT_THREADS) {
+        const uint32_t off = swz<8>(p / 8, p % 8);
+        uint4 *gp = reinterpret_cast<uint4 *>(sx + off);
+        const uint4 u = *reinterpret_cast<const uint4 *>(sx + BM * LT_BK * 2 + off);
+        float gf[8], uf[8];
+        bf16x8_to_float(*gp, gf);
+        bf16x8_to_float(u, uf);
+        *gp = silu_mul_pack8(gf, uf);
     }
 }
 
@@ -723,13 +751,14 @@ __device__ __forceinline__ float4 lt_load_quad(const float *ws, int s, int M, in
     return v;
 }
 
-template <int NP>
+// SILU: x is gate_up [M, 2K], and the product reads SiluAndMul(gate_up).
+template <int NP, bool SILU>
 __global__ void __launch_bounds__(LT_THREADS)
 linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf16 *__restrict__ W,
                    const bf16 *__restrict__ bias, float *__restrict__ ws, unsigned *__restrict__ counters, int M,
                    int N, int K, int S, int per) {
     constexpr int BM = 16 * NP;
-    constexpr int W_BYTES = LT_BN * LT_BK * 2, X_BYTES = BM * LT_BK * 2, STAGE = W_BYTES + X_BYTES;
+    constexpr int W_BYTES = LT_BN * LT_BK * 2, X_BYTES = BM * LT_BK * 2, STAGE = W_BYTES + (SILU ? 2 : 1) * X_BYTES;
     extern __shared__ __align__(128) unsigned char lt_smem[];
     __shared__ unsigned last;
     const uint32_t base = smem_u32(lt_smem);
@@ -741,11 +770,11 @@ linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf1
     // The weight's first chunks depend on no kernel: in flight before the wait.
 #pragma unroll
     for (int i = 0; i < LT_STAGES - 1; i++)
-        if (i < nc) lt_load_chunk(base + i * STAGE, W, LT_BN, n0, N, K, (c0 + i) * LT_BK);
+        if (i < nc) lt_load_chunk(base + i * STAGE, W, LT_BN, n0, N, K, K, (c0 + i) * LT_BK);
     pdl_wait();
 #pragma unroll
     for (int i = 0; i < LT_STAGES - 1; i++) {
-        if (i < nc) lt_load_chunk(base + i * STAGE + W_BYTES, x, BM, m0, M, K, (c0 + i) * LT_BK);
+        if (i < nc) lt_load_x<SILU>(base + i * STAGE + W_BYTES, x, BM, m0, M, K, (c0 + i) * LT_BK);
         cp_async_commit();  // group i: chunk i's x (and, in group 0, the W above)
     }
 
@@ -758,10 +787,14 @@ linear_tile_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ x, const bf1
         const int nx = i + LT_STAGES - 1;
         if (nx < nc) {
             const uint32_t st = base + (nx % LT_STAGES) * STAGE;
-            lt_load_chunk(st, W, LT_BN, n0, N, K, (c0 + nx) * LT_BK);
-            lt_load_chunk(st + W_BYTES, x, BM, m0, M, K, (c0 + nx) * LT_BK);
+            lt_load_chunk(st, W, LT_BN, n0, N, K, K, (c0 + nx) * LT_BK);
+            lt_load_x<SILU>(st + W_BYTES, x, BM, m0, M, K, (c0 + nx) * LT_BK);
         }
         cp_async_commit();
+        if (SILU) {
+            lt_silu_mul_in_place(lt_smem + (i % LT_STAGES) * STAGE + W_BYTES, BM);
+            __syncthreads();
+        }
         const uint32_t sw = base + (i % LT_STAGES) * STAGE, sx = sw + W_BYTES;
 #pragma unroll
         for (int kk = 0; kk < LT_BK / 16; kk++) {
@@ -900,26 +933,28 @@ extern "C" int linear_tile_applies(cublasHandle_t handle, const bf16_t *d_x, con
     return lt_lookup(handle, &ws, &bytes) && tiles <= LT_COUNTERS && linear_tile_workspace_bytes(M, N, K) <= bytes;
 }
 
-template <int NP>
+template <int NP, bool SILU>
 static cudaError_t launch_tile_pairs(dim3 grid, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
                                      const bf16_t *d_bias, float *ws, unsigned *counters, int M, int N, int K, int S,
                                      int per, cudaStream_t stream) {
-    const size_t smem = (size_t)LT_STAGES * (LT_BN + 16 * NP) * LT_BK * 2;
+    const size_t smem = (size_t)LT_STAGES * (LT_BN + (SILU ? 2 : 1) * 16 * NP) * LT_BK * 2;
     // Past 48 KB of dynamic shared memory a kernel must opt in, once per device.
     static unsigned char attr_set[64];
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
     if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-        e = cudaFuncSetAttribute(linear_tile_kernel<NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = cudaFuncSetAttribute(linear_tile_kernel<NP, SILU>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (e != cudaSuccess) return e;
         if (dev >= 0 && dev < 64) attr_set[dev] = 1;
     }
-    return mv_launch(linear_tile_kernel<NP>, grid, dim3(LT_THREADS), smem, stream, (bf16 *)d_out, (const bf16 *)d_x,
+    return mv_launch(linear_tile_kernel<NP, SILU>, grid, dim3(LT_THREADS), smem, stream, (bf16 *)d_out, (const bf16 *)d_x,
                      (const bf16 *)d_W, (const bf16 *)d_bias, ws, counters, M, N, K, S, per);
 }
 
-static int linear_tile(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
+// silu: d_x is gate_up [M, 2K], and the product is SiluAndMul(gate_up) W^T.
+static int linear_tile(cublasHandle_t handle, int silu, bf16_t *d_out, const bf16_t *d_x, const bf16_t *d_W,
                        const bf16_t *d_bias, int M, int N, int K, cudaStream_t stream) {
     if (!d_out || !d_x || !d_W) return mv_error("linear_tile: null pointer");
     if (gemv_check_operands("linear_tile", d_x, d_W, K)) return -1;
@@ -941,10 +976,16 @@ static int linear_tile(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x, 
     float *partial = ws ? (float *)((char *)ws + LT_COUNTER_BYTES) : NULL;
     static_assert(LT_MAX_BM == 64, "one instantiation per pair count");
     const cudaError_t e =
-        (NP == 1 ? launch_tile_pairs<1>
-         : NP == 2 ? launch_tile_pairs<2>
-         : NP == 3 ? launch_tile_pairs<3>
-                   : launch_tile_pairs<4>)(grid, d_out, d_x, d_W, d_bias, partial, counters, M, N, K, S, per, stream);
+        silu ? (NP == 1 ? launch_tile_pairs<1, true>
+                : NP == 2 ? launch_tile_pairs<2, true>
+                : NP == 3 ? launch_tile_pairs<3, true>
+                          : launch_tile_pairs<4, true>)(grid, d_out, d_x, d_W, NULL, partial, counters, M, N, K, S,
+                                                        per, stream)
+             : (NP == 1 ? launch_tile_pairs<1, false>
+                : NP == 2 ? launch_tile_pairs<2, false>
+                : NP == 3 ? launch_tile_pairs<3, false>
+                          : launch_tile_pairs<4, false>)(grid, d_out, d_x, d_W, d_bias, partial, counters, M, N, K, S,
+                                                         per, stream);
     if (CUDA_TRY(e)) return -1;
     return CUDA_TRY(cudaGetLastError());
 }
@@ -997,6 +1038,13 @@ extern "C" int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, cons
     return linear_silu_mul_cuda_version(v, d_out, d_gate_up, d_W, M, N, K, stream);
 }
 
+extern "C" int linear_silu_mul_tile_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_gate_up,
+                                         const bf16_t *d_W, int M, int N, int K, cudaStream_t stream) {
+    if (linear_validate(M, N, K)) return -1;
+    if (M == 0) return 0;
+    return linear_tile(handle, 1, d_out, d_gate_up, d_W, NULL, M, N, K, stream);
+}
+
 extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_x,
                                    const bf16_t *d_W, const bf16_t *d_bias, int M, int N, int K,
                                    cudaStream_t stream) {
@@ -1009,7 +1057,7 @@ extern "C" int linear_cuda_version(int version, cublasHandle_t handle, bf16_t *d
         if (!handle) return mv_error("linear_cuda: null cuBLAS handle");
         version = linear_auto_version(handle, d_x, d_W, M, N, K);
     }
-    if (version == LINEAR_TILE) return linear_tile(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);
+    if (version == LINEAR_TILE) return linear_tile(handle, 0, d_out, d_x, d_W, d_bias, M, N, K, stream);
     if (version == LINEAR_GEMV) return linear_gemv(d_out, d_x, d_W, d_bias, M, N, K, stream);
     if (version == LINEAR_GEMV_MMA) return linear_gemv_mma(d_out, d_x, d_W, d_bias, M, N, K, stream);
     return linear_cublas(handle, d_out, d_x, d_W, d_bias, M, N, K, stream);

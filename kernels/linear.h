@@ -175,6 +175,13 @@ int linear_silu_mul_cuda(bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d
 int linear_silu_mul_cuda_version(int version, bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M,
                                  int N, int K, cudaStream_t stream);
 
+// The same product by version 4 (any M): SiluAndMul of each chunk of
+// gate_up computed in shared memory as it lands, the same bits as
+// silu_and_mul_cuda(SILU_AND_MUL_FAST) followed by linear_cuda_version(4).
+// The handle's workspace as linear_cuda_version(4) needs it.
+int linear_silu_mul_tile_cuda(cublasHandle_t handle, bf16_t *d_out, const bf16_t *d_gate_up, const bf16_t *d_W, int M,
+                              int N, int K, cudaStream_t stream);
+
 // The GEMV's warps per row (version 2): the smallest power of two, at most
 // 8, with which one batch of 4 slabs of 32 16-byte chunks per warp covers
 // the row. It fixes the order a row's sum is taken in, so another kernel that

@@ -829,18 +829,24 @@ static void check_silu_gemv_refusals(harness_t *h) {
 // the activations and version 4 reads them, launched back to back with PDL
 // on, over poisoned activations; a tile that read x before its wait (it
 // issues W's loads before it) would see the poison. Then the same two with
-// PDL off: the same bits, and both against the CPU.
+// PDL off: the same bits, and both against the CPU. And version 4 with
+// SiluAndMul folded in (linear_silu_mul_tile_cuda), PDL on, right after the
+// kernel that writes its gate_up, as in a decode step: version 4 itself,
+// times an identity matrix (x I^T = x exactly), over a poisoned gate_up.
+// It must give the same bits as the two kernels.
 static void check_tile_pdl(harness_t *h, cublasHandle_t handle, rng_t *rng, int M, int N, int K, const char *why) {
     const size_t ngu = (size_t)M * 2 * K, na = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
     bf16_t *gu = malloc(ngu * sizeof(bf16_t)), *w = malloc(nw * sizeof(bf16_t)), *act = malloc(na * sizeof(bf16_t));
     bf16_t *y_pdl = malloc(ny * sizeof(bf16_t)), *y_plain = malloc(ny * sizeof(bf16_t));
+    bf16_t *y_fused = malloc(ny * sizeof(bf16_t));
     float *actf = malloc(na * sizeof(float)), *ref = malloc(ny * sizeof(float));
-    if (!gu || !w || !act || !y_pdl || !y_plain || !actf || !ref)
+    if (!gu || !w || !act || !y_pdl || !y_plain || !y_fused || !actf || !ref)
         mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
     fill_normal_bf16(rng, gu, ngu, 0, 2);
     fill_uniform_bf16(rng, w, nw, -1.0f / sqrtf((float)K), 1.0f / sqrtf((float)K));
     bf16_t *d_gu = gpu_alloc(ngu * sizeof(bf16_t)), *d_w = gpu_alloc(nw * sizeof(bf16_t));
     bf16_t *d_act = gpu_alloc(na * sizeof(bf16_t)), *d_y = gpu_alloc(ny * sizeof(bf16_t));
+    bf16_t *d_gu2 = gpu_alloc(ngu * sizeof(bf16_t));
     gpu_upload(d_gu, gu, ngu * sizeof(bf16_t));
     gpu_upload(d_w, w, nw * sizeof(bf16_t));
     char shape[160], detail[320];
@@ -859,6 +865,27 @@ static void check_tile_pdl(harness_t *h, cublasHandle_t handle, rng_t *rng, int 
             gpu_download(pdl ? y_pdl : y_plain, d_y, ny * sizeof(bf16_t));
         }
     }
+    if (!rc) {
+        const size_t ne = (size_t)2 * K * 2 * K;
+        bf16_t *eye = calloc(ne, sizeof(bf16_t)), *d_eye = gpu_alloc(ne * sizeof(bf16_t));
+        if (!eye) mv_die_at(__FILE__, __LINE__, "malloc", "out of host memory");
+        for (int i = 0; i < 2 * K; i++) eye[(size_t)i * 2 * K + i] = float_to_bf16(1.0f);
+        gpu_upload(d_eye, eye, ne * sizeof(bf16_t));
+        free(eye);
+        gpu_poison(d_gu2, ngu * sizeof(bf16_t));
+        gpu_poison(d_y, ny * sizeof(bf16_t));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        MV_CHECK(mv_pdl_set(1));
+        rc = linear_cuda_version(LINEAR_TILE, handle, d_gu2, d_gu, d_eye, NULL, M, 2 * K, 2 * K, 0) ||
+             linear_silu_mul_tile_cuda(handle, d_y, d_gu2, d_w, M, N, K, 0);
+        MV_CHECK(mv_pdl_set(0));
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_free(d_eye);
+        if (!rc) {
+            CUDA_CHECK(cudaDeviceSynchronize());
+            gpu_download(y_fused, d_y, ny * sizeof(bf16_t));
+        }
+    }
     if (rc) {
         snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
         harness_check_bool(h, "gpu", "tile-pdl", "v4-tile after silu_and_mul", 0, detail);
@@ -874,9 +901,13 @@ static void check_tile_pdl(harness_t *h, cublasHandle_t handle, rng_t *rng, int 
         const int same = !any_poison(y_pdl, ny) && !memcmp(y_pdl, y_plain, ny * sizeof(bf16_t));
         snprintf(detail, sizeof detail, "%s: with PDL against without: %s", shape, same ? "identical" : "DIFFER");
         harness_check_bool(h, "gpu", "tile-pdl", "PDL on = off, bit for bit", same, detail);
+        const int same_f = !any_poison(y_fused, ny) && !memcmp(y_fused, y_plain, ny * sizeof(bf16_t));
+        snprintf(detail, sizeof detail, "%s: linear_silu_mul_tile_cuda (PDL) against silu_and_mul_cuda + v4-tile: %s",
+                 shape, same_f ? "identical" : "DIFFER");
+        harness_check_bool(h, "gpu", "tile-pdl", "fused = unfused, bit for bit", same_f, detail);
     }
-    gpu_free(d_gu); gpu_free(d_w); gpu_free(d_act); gpu_free(d_y);
-    free(gu); free(w); free(act); free(y_pdl); free(y_plain); free(actf); free(ref);
+    gpu_free(d_gu); gpu_free(d_gu2); gpu_free(d_w); gpu_free(d_act); gpu_free(d_y);
+    free(gu); free(w); free(act); free(y_pdl); free(y_plain); free(y_fused); free(actf); free(ref);
 }
 
 // Version 4's workspace (linear_set_workspace) for a handle of this chapter,

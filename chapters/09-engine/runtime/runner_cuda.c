@@ -1263,6 +1263,8 @@ static int cuda_layer(const model_runner_t *r, cuda_state_t *s, const cuda_layer
     const int down_v = linear_auto_version(cb, act, cl->d_down, T, H, I);
     if (s->fast_decode && T == S && (down_v == LINEAR_GEMV || down_v == LINEAR_GEMV_MMA)) {
         if (linear_silu_mul_cuda(x, gate_up, cl->d_down, T, H, I, st)) return -1;
+    } else if (s->fast_decode && T == S && down_v == LINEAR_TILE) {
+        if (linear_silu_mul_tile_cuda(cb, x, gate_up, cl->d_down, T, H, I, st)) return -1;
     } else if (silu_and_mul_cuda(SILU_AND_MUL_FAST, act, gate_up, T, I, st) ||
                linear_cuda(cb, x, act, cl->d_down, NULL, T, H, I, st)) {
         return -1;
