@@ -1048,7 +1048,10 @@ static void time_small_m(harness_t *h, rng_t *rng, const layer_spec_t *s) {
             if (v == LINEAR_GEMV && !linear_gemv_applies(c.d_x, c.d_w, c.M, K)) continue;
             if (v == LINEAR_GEMV_MMA && !linear_gemv_mma_applies(c.d_x, c.d_w, c.M, K)) continue;
             if (v == LINEAR_TILE && (c.M < 8 || !linear_tile_applies(handle, c.d_x, c.d_w, c.M, N, K))) continue;
-            if (!harness_kernel_wanted(h, v)) continue;  // --kernel N: version N alone
+            // --kernel N: version N alone; --kernel 4 keeps cuBLAS beside it from 8 tokens, its rival there.
+            if (!harness_kernel_wanted(h, v) && !(v == LINEAR_CUBLAS && c.M >= 8 && harness_kernel_wanted(h, LINEAR_TILE) &&
+                                                  h->kernel == LINEAR_TILE))
+                continue;
             c.version = v;
             char label[64], shape[64];
             snprintf(label, sizeof label, "%s %s", s->name, linear_version_name(v));

@@ -104,6 +104,23 @@ def render_small_m(d):
     head = (f"On **{d['gpu']['name']}**, {d['date'][:10]}, `{d['command'].split(' --json')[0]}` (GPU 0; time per launch "
             f"of 16 back to back in a CUDA graph, each over its own copy of the weight; MB moved = weight + x + y; "
             f"% of copy: of the {d.get('ceilings', {}).get('copy_gbs', 0):.0f} GB/s copy bandwidth measured in the same run).")
+    if any("v4-tile" in r for r in table.values()):
+        # Version 4 measured (from the run that added it): cuBLAS, version 3 and version 4 from 8 tokens on, and
+        # version 4's speed against cuBLAS's.
+        out = [head + (f" Commit {d['commit']}." if d.get("commit") else "") +
+               (f" {d['commit_note']}" if d.get("commit_note") else ""), "",
+               "| projection | shape | MB moved | cuBLAS (us) | % of copy | GEMV v3 (us) | tiled v4 (us) | % of copy "
+               "| cuBLAS time / v4 time |",
+               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for key in order:
+            r = table[key]
+            c, g3, t4 = r.get("v1-cublas"), r.get("v3-gemv-mma"), r.get("v4-tile")
+            if not t4 or not c:
+                continue
+            v3 = fmt_us(g3["ms"]) if g3 else ""
+            out.append(f"| {key[0]} | {r['shape']} | {r['bytes'] / 1e6:.2f} | {fmt_us(c['ms'])} | {c['pct_copy']:.1f} | "
+                       f"{v3} | {fmt_us(t4['ms'])} | {t4['pct_copy']:.1f} | {c['ms'] / t4['ms']:.2f} |")
+        return "\n".join(out) + "\n"
     if any("v3-gemv-mma" in r for r in table.values()):
         # Version 3 measured too (from the run that added it): the three side by side, and the fastest.
         out = [head + (f" Commit {d['commit']}." if d.get("commit") else "") +
