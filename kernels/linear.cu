@@ -1,6 +1,7 @@
 /*
  * kernels/linear.cu - linear layers: cuBLAS GEMM (version 1), a small-M GEMV
- * of our own (version 2), the same GEMV on the tensor cores (version 3), the
+ * of our own (version 2), the same GEMV on the tensor cores (version 3), a
+ * tiled tensor-core GEMM for 9 to a few hundred tokens (version 4), the
  * dispatch between them, and the bias add (see linear.h).
  *
  * Napkin math, Qwen3-0.6B gate_up (N = 6144, K = 1024): the weight is
