@@ -577,14 +577,17 @@ extern "C" int linear_gemv_forced(void) {
     return v;
 }
 
+// A count of tokens from the environment: N (0 to max), -1 unset, -2 anything else.
+static int env_token_count(const char *name, int max) {
+    const char *e = getenv(name);
+    char *end = NULL;
+    const long n = e ? strtol(e, &end, 10) : -1;
+    return !e ? -1 : (end == e || *end || n < 0 || n > max) ? -2 : (int)n;
+}
+
 extern "C" int linear_gemv_max_m_override(void) {
     static int v = -3;
-    if (v == -3) {
-        const char *e = getenv("MV_LINEAR_GEMV_MAX_M");
-        char *end = NULL;
-        const long n = e ? strtol(e, &end, 10) : -1;
-        v = !e ? -1 : (end == e || *end || n < 0 || n > LINEAR_GEMV_MMA_MAX_M) ? -2 : (int)n;
-    }
+    if (v == -3) v = env_token_count("MV_LINEAR_GEMV_MAX_M", LINEAR_GEMV_MMA_MAX_M);
     return v;
 }
 
@@ -993,12 +996,7 @@ static int linear_tile(cublasHandle_t handle, int silu, bf16_t *d_out, const bf1
 
 extern "C" int linear_tile_max_m_override(void) {
     static int v = -3;
-    if (v == -3) {
-        const char *e = getenv("MV_LINEAR_TILE_MAX_M");
-        char *end = NULL;
-        const long n = e ? strtol(e, &end, 10) : -1;
-        v = !e ? -1 : (end == e || *end || n < 0 || n > LINEAR_TILE_MAX_AUTO_LIMIT) ? -2 : (int)n;
-    }
+    if (v == -3) v = env_token_count("MV_LINEAR_TILE_MAX_M", LINEAR_TILE_MAX_AUTO_LIMIT);
     return v;
 }
 

@@ -754,6 +754,20 @@ static const silu_gemv_case_t SILU_GEMV_CASES[] = {
     {32, 129, 1000, "version 3's largest M, a short last slab"},
 };
 
+// The CPU reference over the activations silu_and_mul_cuda wrote (d_act,
+// [M, K]; chapter 01 checks those against silu_and_mul_cpu): ref = act W^T
+// in fp32. Returns the reference's RMS, for the tolerance.
+static double act_reference(const bf16_t *d_act, bf16_t *act, float *actf, const bf16_t *w, float *ref, int M, int N,
+                            int K) {
+    const size_t na = (size_t)M * K, ny = (size_t)M * N;
+    gpu_download(act, d_act, na * sizeof(bf16_t));
+    bf16_to_float_array(actf, act, na);
+    MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
+    double ss = 0;
+    for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
+    return sqrt(ss / (double)ny);
+}
+
 static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, const silu_gemv_case_t *c, int pdl,
                             int version) {
     const int M = c->M, N = c->N, K = c->K;
@@ -789,12 +803,7 @@ static void check_silu_gemv(harness_t *h, cublasHandle_t handle, rng_t *rng, con
         CUDA_CHECK(cudaDeviceSynchronize());
         gpu_download(y_fused, d_yf, (ny + Y_GUARD) * sizeof(bf16_t));
         gpu_download(y_plain, d_yp, ny * sizeof(bf16_t));
-        gpu_download(act, d_act, na * sizeof(bf16_t));
-        bf16_to_float_array(actf, act, na);
-        MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
-        double ss = 0;
-        for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
-        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), version);
+        const tolerance_t tol = tol_one_rounding(act_reference(d_act, act, actf, w, ref, M, N, K), version);
         harness_check(h, "gpu", "silu-gemv", label, shape, compare_bf16(label, y_fused, ref, ny, tol, 0), tol);
         const int same = !any_poison(y_plain, ny) && !memcmp(y_fused, y_plain, ny * sizeof(bf16_t));
         snprintf(detail, sizeof detail, "%s: linear_silu_mul_cuda against silu_and_mul_cuda + the GEMV: %s", shape,
@@ -890,12 +899,7 @@ static void check_tile_pdl(harness_t *h, cublasHandle_t handle, rng_t *rng, int 
         snprintf(detail, sizeof detail, "%s: %s", shape, mv_last_error());
         harness_check_bool(h, "gpu", "tile-pdl", "v4-tile after silu_and_mul", 0, detail);
     } else {
-        gpu_download(act, d_act, na * sizeof(bf16_t));
-        bf16_to_float_array(actf, act, na);
-        MV_CHECK(linear_cpu(ref, actf, w, NULL, M, N, K, 0));
-        double ss = 0;
-        for (size_t i = 0; i < ny; i++) ss += (double)ref[i] * ref[i];
-        const tolerance_t tol = tol_one_rounding(sqrt(ss / (double)ny), LINEAR_TILE);
+        const tolerance_t tol = tol_one_rounding(act_reference(d_act, act, actf, w, ref, M, N, K), LINEAR_TILE);
         harness_check(h, "gpu", "tile-pdl", "v4-tile after silu_and_mul, PDL", shape,
                       compare_bf16("v4-tile PDL", y_pdl, ref, ny, tol, 0), tol);
         const int same = !any_poison(y_pdl, ny) && !memcmp(y_pdl, y_plain, ny * sizeof(bf16_t));
